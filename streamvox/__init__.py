@@ -1,0 +1,3 @@
+"""StreamVox: a real-time streaming speech engine."""
+
+__version__ = "0.1.0"
