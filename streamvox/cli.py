@@ -1,0 +1,102 @@
+"""The `streamvox` command: `serve` the API, or `speak` one text to a file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from contextlib import aclosing
+from pathlib import Path
+
+import numpy as np
+
+from streamvox.codecs.audio_io import FORMATS, Resampler, encode_audio
+from streamvox.engine.async_engine import AsyncEngine, AudioChunk, EngineError, new_request_id
+from streamvox.engine.request import SpeechRequest
+from streamvox.models import DEFAULT_MODEL
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from streamvox.realtime.app import ServerSettings, build_app
+
+    settings = ServerSettings(model=args.model, api_key=args.api_key, exit_on_engine_crash=args.exit_on_engine_crash)
+    app = build_app(settings)
+    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets",
+                            log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
+    uvicorn.Server(config).run()
+    exit_code = app.state.streamvox.engine_exit_code
+    if exit_code is not None:
+        print(f"streamvox: the engine process exited ({exit_code}); exiting for the supervisor", file=sys.stderr)
+        return 3
+    return 0
+
+
+async def _speak_async(args: argparse.Namespace) -> np.ndarray:
+    engine = AsyncEngine(args.model, restart_on_crash=False)
+    await engine.start()
+    try:
+        request = SpeechRequest(request_id=new_request_id("cli"), text=args.text, voice=args.voice,
+                                speed=args.speed)
+        resampler = Resampler(engine.info.sample_rate, args.sample_rate)
+        parts = []
+        async with aclosing(engine.submit(request)) as events:
+            async for event in events:
+                if isinstance(event, AudioChunk):
+                    parts.append(resampler.process(event.pcm))
+                elif isinstance(event, EngineError):
+                    raise SystemExit(f"streamvox: {event.message}")
+        parts.append(resampler.flush())
+        return np.concatenate(parts)
+    finally:
+        await engine.shutdown()
+
+
+def _speak(args: argparse.Namespace) -> int:
+    import uvloop
+
+    fmt = args.format or (Path(args.output).suffix.lstrip(".") or "wav")
+    if fmt not in FORMATS:
+        raise SystemExit(f"streamvox: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    pcm = uvloop.run(_speak_async(args))
+    Path(args.output).write_bytes(encode_audio(pcm, args.sample_rate, fmt))
+    print(f"wrote {args.output}: {len(pcm) / args.sample_rate:.2f} s of {fmt} at {args.sample_rate} Hz")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamvox", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the speech API")
+    serve.add_argument("--model", default=DEFAULT_MODEL,
+                       help="'espeak' (embedded, default) or a Qwen3-TTS directory / Hugging Face repo id")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    serve.add_argument("--exit-on-engine-crash", action="store_true",
+                       help="exit with status 3 when the engine process dies (default: restart it)")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(run=_serve)
+
+    speak = commands.add_parser("speak", help="synthesise TEXT into an audio file")
+    speak.add_argument("text")
+    speak.add_argument("-o", "--output", required=True)
+    speak.add_argument("--model", default=DEFAULT_MODEL)
+    speak.add_argument("--voice", default=None)
+    speak.add_argument("--format", choices=FORMATS, default=None, help="default: from the file name, else wav")
+    speak.add_argument("--speed", type=float, default=1.0)
+    speak.add_argument("--sample-rate", type=int, default=24000)
+    speak.set_defaults(run=_speak)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

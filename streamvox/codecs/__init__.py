@@ -1,0 +1,1 @@
+"""Codec decoders (codes -> waveform) and audio I/O (encoders, resampling)."""

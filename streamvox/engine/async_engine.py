@@ -1,0 +1,283 @@
+"""The engine front end that lives on the server's event loop.
+
+`AsyncEngine` starts the engine core in its own process and talks to it over
+ZMQ (msgspec headers, raw PCM frames). Each request gets an asyncio queue of
+events; nothing here waits for compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from streamvox.engine import messages as m
+from streamvox.engine.core import run_engine_core
+from streamvox.engine.request import SpeechRequest
+from streamvox.models.base import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+class AudioChunk(msgspec.Struct):
+    """New samples (mono float32 at the model's sample rate)."""
+
+    pcm: np.ndarray
+
+
+class Done(msgspec.Struct):
+    reason: str  # "stop" | "length"
+    input_tokens: int
+    output_tokens: int
+
+
+class EngineError(msgspec.Struct):
+    message: str
+    code: str
+    param: str | None = None
+
+    @property
+    def is_request_error(self) -> bool:
+        """True when the request itself was at fault (a 400), not the engine."""
+        return self.code not in ("engine_unavailable", "slow_consumer")
+
+
+EngineEvent = AudioChunk | Done | EngineError
+
+
+class EngineUnavailable(RuntimeError):
+    pass
+
+
+class _Stream:
+    """Front-end state of one request: its event queue and buffered audio."""
+
+    __slots__ = ("queue", "buffered_samples")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self.buffered_samples = 0
+
+
+class AsyncEngine:
+    """Submit requests to the engine core and iterate over their events."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        restart_on_crash: bool = True,
+        max_buffered_audio_s: float = 300.0,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        self.model = model
+        self.restart_on_crash = restart_on_crash
+        self.max_buffered_audio_s = max_buffered_audio_s
+        self.start_timeout_s = start_timeout_s
+        self.info: ModelInfo | None = None
+        self.on_core_exit: Callable[[int | None], None] | None = None  # e.g. exit the server
+        self._streams: dict[str, _Stream] = {}
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._ready: asyncio.Event = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+        self._closing = False
+        self._ipc_dir = tempfile.mkdtemp(prefix="streamvox-")
+        self._sync_context = zmq.Context()
+        self._async_context = zmq.asyncio.Context()
+        self._outbox: zmq.Socket | None = None
+        self._inbox: zmq.asyncio.Socket | None = None
+        self.restarts = 0
+
+    # lifecycle
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set() and self._process is not None and self._process.is_alive()
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._streams)
+
+    @property
+    def core_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def start(self) -> None:
+        """Start the core process and wait until its model is loaded."""
+        await self._spawn()
+        await self.wait_ready()
+
+    async def wait_ready(self) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), self.start_timeout_s)
+        except TimeoutError as exc:
+            raise EngineUnavailable(f"engine core did not become ready in {self.start_timeout_s} s") from exc
+
+    async def _spawn(self) -> None:
+        tag = uuid.uuid4().hex[:8]
+        input_address = f"ipc://{self._ipc_dir}/in-{tag}"
+        output_address = f"ipc://{self._ipc_dir}/out-{tag}"
+        self._outbox = self._sync_context.socket(zmq.PUSH)
+        self._outbox.bind(input_address)
+        self._inbox = self._async_context.socket(zmq.PULL)
+        self._inbox.bind(output_address)
+        self._ready.clear()
+        context = multiprocessing.get_context("spawn")
+        self._process = context.Process(
+            target=run_engine_core, args=(self.model, input_address, output_address), daemon=True
+        )
+        await asyncio.to_thread(self._process.start)  # spawning pickles and forks: keep it off the loop
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
+        self._reader = asyncio.create_task(self._read_outputs(self._inbox))
+
+    def _on_process_exit(self, process: multiprocessing.process.BaseProcess) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(process.sentinel)
+        process.join(0)
+        if process is not self._process:
+            return
+        if not self._closing:
+            log.error("engine core exited with code %s", process.exitcode)
+        self._ready.clear()
+        self._fail_all(EngineError("The speech engine stopped; the request was aborted.", "engine_unavailable"))
+        self._close_sockets()
+        if self._closing:
+            return
+        if self.on_core_exit is not None:
+            self.on_core_exit(process.exitcode)
+        if self.restart_on_crash:
+            self.restarts += 1
+            asyncio.create_task(self._spawn())
+
+    def _fail_all(self, error: EngineError) -> None:
+        for stream in self._streams.values():
+            stream.queue.put_nowait(error)
+        self._streams.clear()
+
+    def _close_sockets(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        for socket in (self._outbox, self._inbox):
+            if socket is not None:
+                socket.close(linger=0)
+        self._outbox = self._inbox = None
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        process = self._process
+        if process is not None and process.is_alive():
+            self._send(m.Shutdown())
+            await asyncio.to_thread(process.join, 5)
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join, 5)
+        if process is not None and process.exitcode is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(process.sentinel)
+            except (ValueError, OSError):
+                pass
+        self._fail_all(EngineError("The server is shutting down.", "engine_unavailable"))
+        self._close_sockets()
+        self._sync_context.term()
+        self._async_context.term()
+
+    # requests
+
+    async def submit(self, request: SpeechRequest) -> AsyncIterator[EngineEvent]:
+        """Yield the request's events until `Done` or `EngineError`.
+
+        Leaving the iteration early (client disconnect, task cancelled) cancels the
+        request in the core, which frees its state within one engine step.
+        """
+        if not self.is_ready:
+            yield EngineError("The speech engine is not available.", "engine_unavailable")
+            return
+        stream = _Stream()
+        request_id = request.request_id
+        if request_id in self._streams:
+            raise ValueError(f"duplicate request id {request_id}")
+        self._streams[request_id] = stream
+        self._send(m.AddRequest(request))
+        finished = False
+        try:
+            while True:
+                event = await stream.queue.get()
+                if isinstance(event, AudioChunk):
+                    stream.buffered_samples -= len(event.pcm)
+                else:
+                    finished = True
+                yield event
+                if finished:
+                    return
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+                if not finished:
+                    self._send(m.Cancel(request_id))
+
+    def feed_text(self, request_id: str, text: str) -> None:
+        if request_id in self._streams:
+            self._send(m.FeedText(request_id, text))
+
+    def end_input(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._send(m.EndInput(request_id))
+
+    def cancel(self, request_id: str, error: EngineError | None = None) -> None:
+        """Stop a request now; its iterator ends (with `error` if given, else silently with a cancel)."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        self._send(m.Cancel(request_id))
+        stream.queue.put_nowait(error or Done("cancelled", 0, 0))
+
+    def _send(self, message: m.CoreInput) -> None:
+        if self._outbox is not None:
+            self._outbox.send(m.input_encoder.encode(message))
+
+    async def _read_outputs(self, inbox: zmq.asyncio.Socket) -> None:
+        sample_limit = None
+        while True:
+            frames = await inbox.recv_multipart(copy=False)
+            message = m.output_decoder.decode(frames[0].buffer)
+            match message:
+                case m.AudioDelta(request_id=request_id):
+                    stream = self._streams.get(request_id)
+                    if stream is None:
+                        continue
+                    pcm = np.frombuffer(frames[1].buffer, dtype="<f4")
+                    stream.buffered_samples += len(pcm)
+                    stream.queue.put_nowait(AudioChunk(pcm))
+                    if sample_limit is None:
+                        sample_limit = self.max_buffered_audio_s * self.info.sample_rate
+                    if stream.buffered_samples > sample_limit:
+                        self.cancel(request_id, EngineError(
+                            "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
+                case m.Finished(request_id=request_id):
+                    if (stream := self._streams.pop(request_id, None)) is not None:
+                        stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
+                case m.Failed(request_id=request_id):
+                    if (stream := self._streams.pop(request_id, None)) is not None:
+                        stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
+                case m.Ready(info=info):
+                    self.info = info
+                    self._ready.set()
+                    log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
+                case m.CoreCrashed(message=text):
+                    log.error("engine core reported a crash: %s", text)
+
+
+def new_request_id(prefix: str = "req") -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+

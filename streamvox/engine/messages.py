@@ -1,0 +1,79 @@
+"""Messages between the front end (server process) and the engine core process.
+
+Each ZMQ message is a multipart message: frame 0 is a msgspec-msgpack encoded
+struct below; an `AudioDelta` carries its PCM as a second, raw frame
+(little-endian float32), never as JSON or base64.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from streamvox.engine.request import SpeechRequest
+from streamvox.models.base import ModelInfo
+
+# front end -> core
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    request: SpeechRequest
+
+
+class FeedText(msgspec.Struct, tag=True):
+    request_id: str
+    text: str
+
+
+class EndInput(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Cancel(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+CoreInput = AddRequest | FeedText | EndInput | Cancel | Shutdown
+
+# core -> front end
+
+
+class Ready(msgspec.Struct, tag=True):
+    info: ModelInfo
+
+
+class AudioDelta(msgspec.Struct, tag=True):
+    """Followed by one raw frame of float32 PCM at the model's sample rate."""
+
+    request_id: str
+
+
+class Finished(msgspec.Struct, tag=True):
+    request_id: str
+    reason: str  # "stop" | "length" | "cancelled"
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Failed(msgspec.Struct, tag=True):
+    request_id: str
+    message: str
+    code: str = "invalid_request"
+    param: str | None = None
+
+
+class CoreCrashed(msgspec.Struct, tag=True):
+    """The core is about to exit after an unexpected error."""
+
+    message: str
+
+
+CoreOutput = Ready | AudioDelta | Finished | Failed | CoreCrashed
+
+input_encoder = msgspec.msgpack.Encoder()
+input_decoder = msgspec.msgpack.Decoder(CoreInput)
+output_encoder = msgspec.msgpack.Encoder()
+output_decoder = msgspec.msgpack.Decoder(CoreOutput)

@@ -1,0 +1,351 @@
+"""The embedded default voice: eSpeak NG, a single-stage generator model.
+
+eSpeak NG keeps global synthesis state (its random generator, pitch flutter,
+voice-variant settings) that carries from one text into the next, so the same
+request would sound slightly different depending on what was spoken before
+it. Each request therefore runs in its own process forked from the engine
+core, whose eSpeak state is never touched after start-up: every request
+starts from the same state, requests cannot leak into each other, and they
+synthesise in parallel. The child reads text from a pipe as it arrives and
+writes every buffer eSpeak hands to the synthesis callback back at once.
+
+The shared library and its data come from the `espeakng-loader` wheel
+(eSpeak NG is GPL-3.0); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import select
+import signal
+import struct
+import tempfile
+
+import espeakng_loader
+import numpy as np
+
+from streamvox.engine.request import SpeechRequest
+from streamvox.models.base import ModelInfo, OutputSink, RequestError
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_ENDPAUSE = 0x1000
+_RATE = 1
+_BUFFER_MS = 50
+_DEFAULT_WPM = 175
+_MIN_WPM, _MAX_WPM = 80, 450
+_MAX_CLAUSE_WORDS = 24
+
+# OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
+OPENAI_VOICE_ALIASES = {
+    "alloy": "en-us",
+    "ash": "en-us+m3",
+    "ballad": "en+m2",
+    "coral": "en-us+f2",
+    "echo": "en-us+m1",
+    "fable": "en",
+    "nova": "en-us+f3",
+    "onyx": "en-us+m7",
+    "sage": "en-us+f4",
+    "shimmer": "en-us+f1",
+    "verse": "en+m4",
+}
+
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+
+class _Voice(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("languages", ctypes.c_char_p),
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+class EspeakLibrary:
+    """A thin ctypes binding to the few libespeak-ng calls synthesis needs."""
+
+    def __init__(self) -> None:
+        self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        self._lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+        self.sample_rate = self._lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, _BUFFER_MS, espeakng_loader.get_data_path().encode(), 0
+        )
+        if self.sample_rate <= 0:
+            raise RuntimeError("eSpeak NG failed to initialise")
+        self._on_samples = None
+        self._callback = _SynthCallback(self._dispatch)  # kept referenced while the library holds it
+        self._lib.espeak_SetSynthCallback(self._callback)
+
+    def languages(self) -> list[str]:
+        """The language names of the installed voices (eSpeak's voice ids), sorted."""
+        voices = self._lib.espeak_ListVoices(None)
+        names = set()
+        i = 0
+        while voices[i]:
+            # `languages` is a list of (priority byte, NUL-terminated name); the first is the main one.
+            raw = voices[i].contents.languages
+            if raw:
+                names.add(raw[1:].decode())
+            i += 1
+        return sorted(names)
+
+    def set_voice(self, name: str) -> bool:
+        return self._lib.espeak_SetVoiceByName(name.encode()) == 0
+
+    def voice_works(self, name: str) -> bool:
+        """True when the voice loads with its dictionary (eSpeak lists a few that do not)."""
+        with tempfile.TemporaryFile() as captured:  # eSpeak reports a missing dictionary on fd 2 only
+            saved = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            try:
+                loaded = self.set_voice(name)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            captured.seek(0)
+            return loaded and not captured.read()
+
+    def set_rate(self, words_per_minute: int) -> None:
+        self._lib.espeak_SetParameter(_RATE, words_per_minute, 0)
+
+    def synthesize(self, text: str, on_samples) -> None:
+        """Synthesise `text`, calling `on_samples(int16 array) -> bool` per buffer; False aborts."""
+        data = text.encode()
+        self._on_samples = on_samples
+        try:
+            self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None)
+        finally:
+            self._on_samples = None
+
+    def _dispatch(self, wav, num_samples: int, _events) -> int:
+        if num_samples <= 0 or self._on_samples is None:
+            return 0
+        samples = np.ctypeslib.as_array(wav, (num_samples,)).copy()
+        return 0 if self._on_samples(samples) else 1
+
+
+_CLAUSE_END = re.compile(r"(?<=[.!?;:,\u3002\uff01\uff1f\uff0c])\s+|\n+")
+
+
+def split_clauses(text: str) -> list[str]:
+    """Split text into clauses at punctuation followed by space, capping clause length in words."""
+    clauses = []
+    for part in _CLAUSE_END.split(text):
+        words = part.split()
+        for start in range(0, len(words), _MAX_CLAUSE_WORDS):
+            clause = " ".join(words[start : start + _MAX_CLAUSE_WORDS])
+            if any(ch.isalnum() for ch in clause):
+                clauses.append(clause)
+    return clauses
+
+
+
+class _Clauses:
+    """Cuts incoming text into complete clauses; the unfinished tail waits for more text."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+        self.words = 0
+
+    def add(self, text: str, final: bool) -> list[str]:
+        self.pending += text
+        if final:
+            complete, self.pending = self.pending, ""
+        else:
+            cuts = [match.end() for match in _CLAUSE_END.finditer(self.pending)]
+            if not cuts:
+                return []
+            complete, self.pending = self.pending[: cuts[-1]], self.pending[cuts[-1] :]
+        clauses = split_clauses(complete)
+        self.words += sum(len(clause.split()) for clause in clauses)
+        return clauses
+
+
+# Pipe framing, both directions: 4-byte little-endian length, then the payload.
+# Parent -> child: UTF-8 text; an empty payload ends the input.
+# Child -> parent: int16 PCM; an empty payload is followed by an 8-byte trailer (words, chunks).
+_HEADER = struct.Struct("<I")
+_TRAILER = struct.Struct("<II")
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    data = _HEADER.pack(len(payload)) + payload
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    parts = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def _child_main(espeak: EspeakLibrary, voice: str, words_per_minute: int, text_fd: int, audio_fd: int,
+                text: str, text_complete: bool) -> None:
+    """Synthesise one request in the forked child, clause by clause as its text arrives."""
+    espeak.set_voice(voice)
+    espeak.set_rate(min(max(words_per_minute, _MIN_WPM), _MAX_WPM))
+    clauses = _Clauses()
+    chunks = 0
+
+    def emit(samples: np.ndarray) -> bool:
+        nonlocal chunks
+        chunks += 1
+        _write_frame(audio_fd, samples.astype("<i2").tobytes())
+        return True
+
+    final = text_complete
+    for clause in clauses.add(text, final):
+        espeak.synthesize(clause, emit)
+    while not final:
+        size = _HEADER.unpack(_read_exact(text_fd, _HEADER.size))[0]
+        final = size == 0
+        for clause in clauses.add(_read_exact(text_fd, size).decode() if size else "", final):
+            espeak.synthesize(clause, emit)
+    _write_frame(audio_fd, b"")
+    os.write(audio_fd, _TRAILER.pack(clauses.words, chunks))
+
+
+class _Child:
+    """The parent's handle on one request's synthesis process."""
+
+    def __init__(self, pid: int, text_fd: int, audio_fd: int) -> None:
+        self.pid = pid
+        self.text_fd = text_fd
+        self.audio_fd = audio_fd
+        self.buffer = bytearray()
+        self.input_open = True
+
+    def send_text(self, text: str) -> None:
+        if self.input_open:
+            _write_frame(self.text_fd, text.encode())
+
+    def end_input(self) -> None:
+        if self.input_open:
+            _write_frame(self.text_fd, b"")
+            self.input_open = False
+
+    def close(self) -> None:
+        for fd in (self.text_fd, self.audio_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+
+
+class EspeakRunner:
+    """Runs each eSpeak NG request in a child process forked from a pristine state."""
+
+    def __init__(self, name: str = "espeak", poll_interval_s: float = 0.002) -> None:
+        self._espeak = EspeakLibrary()
+        self._languages = [name for name in self._espeak.languages() if self._espeak.voice_works(name)]
+        self._espeak.set_voice("en-us")  # the state every child starts from
+        voices = sorted(OPENAI_VOICE_ALIASES) + self._languages
+        self.info = ModelInfo(
+            name=name,
+            family="espeak",
+            sample_rate=self._espeak.sample_rate,
+            voices=voices,
+            default_voice="en-us",
+            languages=self._languages,
+            streaming_text=True,
+            native_speed=True,
+        )
+        self._children: dict[str, _Child] = {}
+        self._by_fd: dict[int, str] = {}
+        self._poll_interval_s = poll_interval_s
+
+    def add(self, request: SpeechRequest) -> None:
+        voice = request.voice or request.language or self.info.default_voice
+        if voice not in self.info.voices:
+            param = "voice" if request.voice else "language"
+            raise RequestError(f"Unknown {param} '{voice}' for model '{self.info.name}'.", param=param)
+        text_read, text_write = os.pipe()
+        audio_read, audio_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: synthesise, then leave without running any parent clean-up
+            code = 0
+            try:
+                for fd in (text_write, audio_read, *self._by_fd, *(c.text_fd for c in self._children.values())):
+                    os.close(fd)  # other requests' pipes stay out of this child
+                _child_main(self._espeak, OPENAI_VOICE_ALIASES.get(voice, voice),
+                            int(round(_DEFAULT_WPM * request.speed)), text_read, audio_write,
+                            request.text, request.text_complete)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(text_read)
+        os.close(audio_write)
+        os.set_blocking(audio_read, False)
+        self._children[request.request_id] = _Child(pid, text_write, audio_read)
+        self._by_fd[audio_read] = request.request_id
+
+    def feed_text(self, request_id: str, text: str) -> None:
+        if (child := self._children.get(request_id)) is not None:
+            child.send_text(text)
+
+    def end_input(self, request_id: str) -> None:
+        if (child := self._children.get(request_id)) is not None:
+            child.end_input()
+
+    def release(self, request_id: str) -> None:
+        if (child := self._children.pop(request_id, None)) is not None:
+            del self._by_fd[child.audio_fd]
+            child.close()
+
+    def has_work(self) -> bool:
+        return bool(self._children)
+
+    def step(self, sink: OutputSink) -> None:
+        """Forward whatever audio the children have written, waiting briefly if none has."""
+        readable, _, _ = select.select(list(self._by_fd), [], [], self._poll_interval_s)
+        for fd in readable:
+            request_id = self._by_fd[fd]
+            child = self._children[request_id]
+            try:
+                data = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            child.buffer += data
+            self._forward(request_id, child, sink, eof=not data)
+
+    def _forward(self, request_id: str, child: _Child, sink: OutputSink, eof: bool) -> None:
+        buffer = child.buffer
+        while len(buffer) >= _HEADER.size:
+            size = _HEADER.unpack_from(buffer)[0]
+            if size == 0:
+                if len(buffer) < _HEADER.size + _TRAILER.size:
+                    break
+                words, chunks = _TRAILER.unpack_from(buffer, _HEADER.size)
+                self.release(request_id)
+                sink.finished(request_id, "stop", words, chunks)
+                return
+            if len(buffer) < _HEADER.size + size:
+                break
+            pcm = np.frombuffer(bytes(buffer[_HEADER.size : _HEADER.size + size]), dtype="<i2")
+            del buffer[: _HEADER.size + size]
+            sink.audio(request_id, pcm.astype(np.float32) / 32768.0)
+        if eof:
+            self.release(request_id)
+            sink.failed(request_id, RequestError("eSpeak synthesis failed.", code="synthesis_failed"))

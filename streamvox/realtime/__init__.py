@@ -1,0 +1,1 @@
+"""The server: HTTP, SSE and WebSocket protocols over the engine."""

@@ -1,0 +1,102 @@
+"""The Starlette application: routes, engine lifecycle, metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from streamvox.engine.async_engine import AsyncEngine
+from streamvox.realtime.auth import APIKeyMiddleware
+from streamvox.realtime.metrics import LoopLagMonitor, Metrics
+from streamvox.realtime.speech import speech, speech_batch
+
+
+@dataclass
+class ServerSettings:
+    model: str = "espeak"
+    api_key: str | None = None
+    exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
+
+
+@dataclass
+class AppState:
+    settings: ServerSettings
+    engine: AsyncEngine
+    metrics: Metrics = field(default_factory=Metrics)
+    lag: LoopLagMonitor | None = None
+    engine_exit_code: int | None = None  # set when the engine died and the server must exit
+
+
+async def health(request: Request) -> Response:
+    engine = request.app.state.streamvox.engine
+    if engine.is_ready:
+        return JSONResponse({"status": "ok", "model": engine.info.name})
+    return JSONResponse({"status": "unavailable"}, status_code=503)
+
+
+async def models(request: Request) -> Response:
+    info = request.app.state.streamvox.engine.info
+    data = [] if info is None else [{"id": info.name, "object": "model", "owned_by": "streamvox",
+                                     "family": info.family, "sample_rate": info.sample_rate}]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def voices(request: Request) -> Response:
+    info = request.app.state.streamvox.engine.info
+    if info is None:
+        return JSONResponse({"voices": []})
+    return JSONResponse({"model": info.name, "default_voice": info.default_voice, "voices": info.voices,
+                         "languages": info.languages})
+
+
+async def metrics(request: Request) -> Response:
+    state = request.app.state.streamvox
+    state.metrics.active.set(state.engine.active_requests)
+    state.metrics.engine_restarts.set(state.engine.restarts)
+    if state.lag is not None:
+        state.metrics.loop_lag_p99.set(state.lag.p99())
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def build_app(settings: ServerSettings) -> Starlette:
+    state = AppState(settings, AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.lag = LoopLagMonitor(state.metrics)
+        state.lag.start()
+        if settings.exit_on_engine_crash:
+            state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
+        await state.engine.start()
+        try:
+            yield
+        finally:
+            state.lag.stop()
+            await state.engine.shutdown()
+
+    routes = [
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/audio/voices", voices),
+        Route("/metrics", metrics),
+        Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
+    ]
+    middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.streamvox = state
+    return app
+
+
+def _exit_for_supervisor(state: AppState, exitcode: int | None) -> None:
+    """Stop the server; `streamvox serve` then exits non-zero so a supervisor restarts it."""
+    state.engine_exit_code = exitcode if exitcode else 1
+    os.kill(os.getpid(), signal.SIGTERM)
