@@ -23,9 +23,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = ServerSettings(model=args.model, api_key=args.api_key, exit_on_engine_crash=args.exit_on_engine_crash)
     app = build_app(settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets",
+    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    app.state.streamvox.request_exit = lambda: setattr(server, "should_exit", True)
+    server.run()
     exit_code = app.state.streamvox.engine_exit_code
     if exit_code is not None:
         print(f"streamvox: the engine process exited ({exit_code}); exiting for the supervisor", file=sys.stderr)

@@ -140,23 +140,24 @@ class AsyncEngine:
         self._reader = asyncio.create_task(self._read_outputs(self._inbox))
 
     def _on_process_exit(self, process: multiprocessing.process.BaseProcess) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(process.sentinel)
-        process.join(0)
+        asyncio.get_running_loop().remove_reader(process.sentinel)
         if process is not self._process:
             return
-        if not self._closing:
-            log.error("engine core exited with code %s", process.exitcode)
         self._ready.clear()
         self._fail_all(EngineError("The speech engine stopped; the request was aborted.", "engine_unavailable"))
         self._close_sockets()
+        asyncio.create_task(self._after_exit(process))
+
+    async def _after_exit(self, process: multiprocessing.process.BaseProcess) -> None:
+        await asyncio.to_thread(process.join)
         if self._closing:
             return
+        log.error("engine core exited with code %s", process.exitcode)
         if self.on_core_exit is not None:
             self.on_core_exit(process.exitcode)
-        if self.restart_on_crash:
+        elif self.restart_on_crash:
             self.restarts += 1
-            asyncio.create_task(self._spawn())
+            await self._spawn()
 
     def _fail_all(self, error: EngineError) -> None:
         for stream in self._streams.values():

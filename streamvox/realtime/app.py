@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -33,13 +32,15 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     lag: LoopLagMonitor | None = None
     engine_exit_code: int | None = None  # set when the engine died and the server must exit
+    request_exit: Callable[[], None] | None = None  # set by whoever runs the server
 
 
 async def health(request: Request) -> Response:
     engine = request.app.state.streamvox.engine
     if engine.is_ready:
-        return JSONResponse({"status": "ok", "model": engine.info.name})
-    return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
+                             "engine_restarts": engine.restarts})
+    return JSONResponse({"status": "unavailable", "engine_restarts": engine.restarts}, status_code=503)
 
 
 async def models(request: Request) -> Response:
@@ -99,4 +100,5 @@ def build_app(settings: ServerSettings) -> Starlette:
 def _exit_for_supervisor(state: AppState, exitcode: int | None) -> None:
     """Stop the server; `streamvox serve` then exits non-zero so a supervisor restarts it."""
     state.engine_exit_code = exitcode if exitcode else 1
-    os.kill(os.getpid(), signal.SIGTERM)
+    if state.request_exit is not None:
+        state.request_exit()

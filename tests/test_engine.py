@@ -1,0 +1,99 @@
+"""The engine front end and core process, driven directly (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import numpy as np
+import pytest
+
+from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.request import SpeechRequest
+from streamvox.models.espeak import split_clauses
+
+TEXT = "Streaming text arrives word by word, like tokens from a language model. Then it ends."
+
+
+def test_split_clauses_cuts_at_punctuation_and_caps_length():
+    assert split_clauses("Hello there, world. How are you? fine") == ["Hello there,", "world.", "How are you?", "fine"]
+    long = " ".join(f"w{i}" for i in range(60))
+    assert [len(c.split()) for c in split_clauses(long)] == [24, 24, 12]
+    assert split_clauses(" ... , !") == []
+
+
+async def _collect(events) -> tuple[np.ndarray, object, float | None]:
+    """All audio, the final event, and when the first audio arrived (loop time)."""
+    parts, last, first_at = [], None, None
+    async with aclosing(events) as stream:
+        async for event in stream:
+            if isinstance(event, AudioChunk):
+                parts.append(event.pcm)
+                first_at = first_at or asyncio.get_running_loop().time()
+            else:
+                last = event
+    return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), last, first_at
+
+
+@pytest.fixture
+def engine_run():
+    async def run(body):
+        engine = AsyncEngine("espeak", restart_on_crash=False)
+        await engine.start()
+        try:
+            return await body(engine)
+        finally:
+            await engine.shutdown()
+
+    return lambda body: asyncio.run(run(body))
+
+
+def test_streaming_text_equals_whole_text_and_speaks_before_input_ends(engine_run):
+    async def body(engine: AsyncEngine):
+        whole, done, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text=TEXT)))
+        assert isinstance(done, Done) and done.reason == "stop"
+
+        request_id = new_request_id()
+        events = engine.submit(SpeechRequest(request_id=request_id, text="", text_complete=False))
+        collector = asyncio.create_task(_collect(events))
+        words = TEXT.split(" ")
+        for i, word in enumerate(words):
+            await asyncio.sleep(0.02)
+            engine.feed_text(request_id, word + (" " if i < len(words) - 1 else ""))
+        await asyncio.sleep(0.3)
+        input_ended_at = asyncio.get_running_loop().time()
+        engine.end_input(request_id)
+        streamed, done, first_at = await collector
+        assert isinstance(done, Done)
+        return whole, streamed, first_at is not None and first_at < input_ended_at
+
+    whole, streamed, early = engine_run(body)
+    assert early, "no audio before the input ended"
+    assert len(whole) == len(streamed), (len(whole), len(streamed))
+    assert np.array_equal(whole, streamed)
+
+
+def test_unknown_voice_is_a_request_error_and_engine_keeps_serving(engine_run):
+    async def body(engine: AsyncEngine):
+        _, error, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text="hi", voice="zz")))
+        audio, done, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text="Still here.")))
+        return error, audio, done
+
+    error, audio, done = engine_run(body)
+    assert isinstance(error, EngineError) and error.is_request_error and error.param == "voice"
+    assert isinstance(done, Done) and len(audio) > 1000
+
+
+def test_cancel_stops_a_request_and_frees_it(engine_run):
+    async def body(engine: AsyncEngine):
+        request_id = new_request_id()
+        events = engine.submit(SpeechRequest(request_id=request_id, text="Keep talking. " * 200))
+        first = await anext(events)
+        engine.cancel(request_id)
+        rest = [event async for event in events]
+        return first, rest, engine.active_requests
+
+    first, rest, active = engine_run(body)
+    assert isinstance(first, AudioChunk)
+    assert isinstance(rest[-1], Done) and rest[-1].reason == "cancelled"
+    assert active == 0

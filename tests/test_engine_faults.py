@@ -1,0 +1,66 @@
+"""The engine process dies mid-stream: the server reports it, recovers, or exits for a supervisor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+
+from tests.audio_helpers import parse_sse
+from tests.conftest import start_server
+
+LONG_TEXT = "The engine keeps talking for a long while here. " * 80
+
+
+def _stream_until_killed(server, result: dict) -> None:
+    body = {"input": LONG_TEXT, "response_format": "pcm", "stream_format": "sse"}
+    with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, timeout=30) as response:
+        result["body"] = response.read()
+
+
+def test_killed_engine_turns_health_503_ends_streams_with_error_and_restarts():
+    server = start_server()
+    try:
+        pid = httpx.get(f"{server.url}/health").json()["engine_pid"]
+        # Slow the stream down: a client that reads nothing keeps its request open in the server.
+        result: dict = {}
+        reader = threading.Thread(target=_stream_until_killed, args=(server, result))
+        reader.start()
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        saw_503_after = None
+        while time.monotonic() - killed_at < 1.0:
+            if httpx.get(f"{server.url}/health").status_code == 503:
+                saw_503_after = time.monotonic() - killed_at
+                break
+            time.sleep(0.02)
+        reader.join(10)
+        # The restarted engine serves again.
+        server.wait_healthy(60)
+        health = httpx.get(f"{server.url}/health").json()
+        response = httpx.post(f"{server.url}/v1/audio/speech", json={"input": "Back again."})
+    finally:
+        server.stop()
+    events = parse_sse(result["body"])
+    assert saw_503_after is not None, "health did not turn 503 within 1 s"
+    # Either the stream had already completed before the kill, or it ended with a clear error event.
+    assert events[-1]["type"] in ("error", "speech.audio.done")
+    if events[-1]["type"] == "error":
+        assert events[-1]["error"]["code"] == "engine_unavailable"
+    assert health["engine_restarts"] == 1 and health["engine_pid"] != pid
+    assert response.status_code == 200 and len(response.content) > 1000
+
+
+def test_exit_on_engine_crash_exits_non_zero():
+    server = start_server("--exit-on-engine-crash")
+    try:
+        pid = httpx.get(f"{server.url}/health").json()["engine_pid"]
+        os.kill(pid, signal.SIGKILL)
+        code = server.process.wait(15)
+    finally:
+        server.stop()
+    assert code == 3
