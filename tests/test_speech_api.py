@@ -45,7 +45,7 @@ def test_sdk_streaming_sse(client):
         assert response.headers["content-type"].startswith("text/event-stream")
         events = parse_sse(response.read())
     kinds = [e["type"] for e in events]
-    assert kinds.count("speech.audio.delta") > 3
+    assert kinds.count("speech.audio.delta") > 1
     assert kinds[-1] == "speech.audio.done" and kinds.count("speech.audio.done") == 1
     usage = events[-1]["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from streamvox.engine import messages as m
 from streamvox.engine.core import run_engine_core
@@ -25,6 +24,8 @@ from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import ModelInfo
 
 log = logging.getLogger(__name__)
+
+_MAX_MESSAGES_PER_WAKEUP = 256
 
 
 class AudioChunk(msgspec.Struct):
@@ -87,13 +88,11 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._process: multiprocessing.process.BaseProcess | None = None
         self._ready: asyncio.Event = asyncio.Event()
-        self._reader: asyncio.Task | None = None
         self._closing = False
         self._ipc_dir = tempfile.mkdtemp(prefix="streamvox-")
-        self._sync_context = zmq.Context()
-        self._async_context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._outbox: zmq.Socket | None = None
-        self._inbox: zmq.asyncio.Socket | None = None
+        self._inbox: zmq.Socket | None = None
         self.restarts = 0
 
     # lifecycle
@@ -125,9 +124,9 @@ class AsyncEngine:
         tag = uuid.uuid4().hex[:8]
         input_address = f"ipc://{self._ipc_dir}/in-{tag}"
         output_address = f"ipc://{self._ipc_dir}/out-{tag}"
-        self._outbox = self._sync_context.socket(zmq.PUSH)
+        self._outbox = self._context.socket(zmq.PUSH)
         self._outbox.bind(input_address)
-        self._inbox = self._async_context.socket(zmq.PULL)
+        self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(output_address)
         self._ready.clear()
         context = multiprocessing.get_context("spawn")
@@ -137,7 +136,8 @@ class AsyncEngine:
         await asyncio.to_thread(self._process.start)  # spawning pickles and forks: keep it off the loop
         loop = asyncio.get_running_loop()
         loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
-        self._reader = asyncio.create_task(self._read_outputs(self._inbox))
+        loop.add_reader(self._inbox.getsockopt(zmq.FD), self._on_inbox_readable)
+        self._on_inbox_readable()  # messages may already be queued: the FD only signals new edges
 
     def _on_process_exit(self, process: multiprocessing.process.BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
@@ -165,9 +165,8 @@ class AsyncEngine:
         self._streams.clear()
 
     def _close_sockets(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
+        if self._inbox is not None:
+            asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
         for socket in (self._outbox, self._inbox):
             if socket is not None:
                 socket.close(linger=0)
@@ -189,8 +188,7 @@ class AsyncEngine:
                 pass
         self._fail_all(EngineError("The server is shutting down.", "engine_unavailable"))
         self._close_sockets()
-        self._sync_context.term()
-        self._async_context.term()
+        self._context.term()
 
     # requests
 
@@ -211,15 +209,18 @@ class AsyncEngine:
         self._send(m.AddRequest(request))
         finished = False
         try:
-            while True:
+            while not finished:
                 event = await stream.queue.get()
                 if isinstance(event, AudioChunk):
+                    # Merge the audio that queued up meanwhile: under load, fewer and larger deltas.
+                    parts = [event.pcm]
+                    while not stream.queue.empty() and isinstance(stream.queue._queue[0], AudioChunk):
+                        parts.append(stream.queue.get_nowait().pcm)
+                    event = AudioChunk(np.concatenate(parts)) if len(parts) > 1 else event
                     stream.buffered_samples -= len(event.pcm)
                 else:
                     finished = True
                 yield event
-                if finished:
-                    return
         finally:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
@@ -246,36 +247,49 @@ class AsyncEngine:
         if self._outbox is not None:
             self._outbox.send(m.input_encoder.encode(message))
 
-    async def _read_outputs(self, inbox: zmq.asyncio.Socket) -> None:
-        sample_limit = None
-        while True:
-            frames = await inbox.recv_multipart(copy=False)
-            message = m.output_decoder.decode(frames[0].buffer)
-            match message:
-                case m.AudioDelta(request_id=request_id):
-                    stream = self._streams.get(request_id)
-                    if stream is None:
-                        continue
-                    pcm = np.frombuffer(frames[1].buffer, dtype="<f4")
-                    stream.buffered_samples += len(pcm)
-                    stream.queue.put_nowait(AudioChunk(pcm))
-                    if sample_limit is None:
-                        sample_limit = self.max_buffered_audio_s * self.info.sample_rate
-                    if stream.buffered_samples > sample_limit:
-                        self.cancel(request_id, EngineError(
-                            "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
-                case m.Finished(request_id=request_id):
-                    if (stream := self._streams.pop(request_id, None)) is not None:
-                        stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
-                case m.Failed(request_id=request_id):
-                    if (stream := self._streams.pop(request_id, None)) is not None:
-                        stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
-                case m.Ready(info=info):
-                    self.info = info
-                    self._ready.set()
-                    log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
-                case m.CoreCrashed(message=text):
-                    log.error("engine core reported a crash: %s", text)
+    def _on_inbox_readable(self) -> None:
+        """Drain a bounded batch of core messages; reschedule while more are queued.
+
+        The ZMQ socket's file descriptor is edge-triggered, so after a batch we
+        look at ZMQ_EVENTS ourselves rather than wait for the next edge.
+        """
+        inbox = self._inbox
+        if inbox is None:
+            return
+        for _ in range(_MAX_MESSAGES_PER_WAKEUP):
+            try:
+                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._dispatch(frames)
+        if inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            asyncio.get_running_loop().call_soon(self._on_inbox_readable)
+
+    def _dispatch(self, frames: list[zmq.Frame]) -> None:
+        message = m.output_decoder.decode(frames[0].buffer)
+        match message:
+            case m.AudioDelta(request_id=request_id):
+                stream = self._streams.get(request_id)
+                if stream is None:
+                    return
+                pcm = np.frombuffer(frames[1].buffer, dtype="<f4")
+                stream.buffered_samples += len(pcm)
+                stream.queue.put_nowait(AudioChunk(pcm))
+                if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
+                    self.cancel(request_id, EngineError(
+                        "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
+            case m.Finished(request_id=request_id):
+                if (stream := self._streams.pop(request_id, None)) is not None:
+                    stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
+            case m.Failed(request_id=request_id):
+                if (stream := self._streams.pop(request_id, None)) is not None:
+                    stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
+            case m.Ready(info=info):
+                self.info = info
+                self._ready.set()
+                log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
+            case m.CoreCrashed(message=text):
+                log.error("engine core reported a crash: %s", text)
 
 
 def new_request_id(prefix: str = "req") -> str:

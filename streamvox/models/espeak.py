@@ -24,6 +24,7 @@ import struct
 import tempfile
 
 import espeakng_loader
+import msgspec
 import numpy as np
 
 from streamvox.engine.request import SpeechRequest
@@ -195,11 +196,21 @@ def _read_exact(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _child_main(espeak: EspeakLibrary, voice: str, words_per_minute: int, text_fd: int, audio_fd: int,
-                text: str, text_complete: bool) -> None:
-    """Synthesise one request in the forked child, clause by clause as its text arrives."""
-    espeak.set_voice(voice)
-    espeak.set_rate(min(max(words_per_minute, _MIN_WPM), _MAX_WPM))
+class _ChildSpec(msgspec.Struct):
+    """What a waiting child needs to start a request: its first frame on the text pipe."""
+
+    voice: str
+    words_per_minute: int
+    text: str
+    text_complete: bool
+
+
+def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
+    """Wait for a request, then synthesise it clause by clause as its text arrives."""
+    size = _HEADER.unpack(_read_exact(text_fd, _HEADER.size))[0]
+    spec = msgspec.msgpack.decode(_read_exact(text_fd, size), type=_ChildSpec)
+    espeak.set_voice(spec.voice)
+    espeak.set_rate(min(max(spec.words_per_minute, _MIN_WPM), _MAX_WPM))
     clauses = _Clauses()
     chunks = 0
 
@@ -209,8 +220,8 @@ def _child_main(espeak: EspeakLibrary, voice: str, words_per_minute: int, text_f
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
         return True
 
-    final = text_complete
-    for clause in clauses.add(text, final):
+    final = spec.text_complete
+    for clause in clauses.add(spec.text, final):
         espeak.synthesize(clause, emit)
     while not final:
         size = _HEADER.unpack(_read_exact(text_fd, _HEADER.size))[0]
@@ -274,23 +285,36 @@ class EspeakRunner:
         self._children: dict[str, _Child] = {}
         self._by_fd: dict[int, str] = {}
         self._poll_interval_s = poll_interval_s
+        self._spare: _Child | None = None
 
     def add(self, request: SpeechRequest) -> None:
         voice = request.voice or request.language or self.info.default_voice
         if voice not in self.info.voices:
             param = "voice" if request.voice else "language"
             raise RequestError(f"Unknown {param} '{voice}' for model '{self.info.name}'.", param=param)
+        spec = _ChildSpec(OPENAI_VOICE_ALIASES.get(voice, voice), int(round(_DEFAULT_WPM * request.speed)),
+                          request.text, request.text_complete)
+        child, self._spare = self._spare or self._fork_child(), None
+        _write_frame(child.text_fd, msgspec.msgpack.encode(spec))
+        child.input_open = not request.text_complete
+        self._children[request.request_id] = child
+        self._by_fd[child.audio_fd] = request.request_id
+        self._spare = self._fork_child()  # the next request starts without waiting for a fork
+
+    def _fork_child(self) -> _Child:
+        """Fork a child that waits for its request; forking takes milliseconds, so it is done ahead."""
         text_read, text_write = os.pipe()
         audio_read, audio_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: synthesise, then leave without running any parent clean-up
             code = 0
             try:
-                for fd in (text_write, audio_read, *self._by_fd, *(c.text_fd for c in self._children.values())):
+                others = [*self._by_fd, *(c.text_fd for c in self._children.values())]
+                if self._spare is not None:
+                    others += [self._spare.text_fd, self._spare.audio_fd]
+                for fd in (text_write, audio_read, *others):
                     os.close(fd)  # other requests' pipes stay out of this child
-                _child_main(self._espeak, OPENAI_VOICE_ALIASES.get(voice, voice),
-                            int(round(_DEFAULT_WPM * request.speed)), text_read, audio_write,
-                            request.text, request.text_complete)
+                _child_main(self._espeak, text_read, audio_write)
             except BaseException:
                 code = 1
             finally:
@@ -298,8 +322,7 @@ class EspeakRunner:
         os.close(text_read)
         os.close(audio_write)
         os.set_blocking(audio_read, False)
-        self._children[request.request_id] = _Child(pid, text_write, audio_read)
-        self._by_fd[audio_read] = request.request_id
+        return _Child(pid, text_write, audio_read)
 
     def feed_text(self, request_id: str, text: str) -> None:
         if (child := self._children.get(request_id)) is not None:
@@ -331,21 +354,26 @@ class EspeakRunner:
             self._forward(request_id, child, sink, eof=not data)
 
     def _forward(self, request_id: str, child: _Child, sink: OutputSink, eof: bool) -> None:
+        """Send every complete frame in the child's buffer as one delta (fewer, larger deltas under load)."""
         buffer = child.buffer
+        frames = []
+        finished = None
         while len(buffer) >= _HEADER.size:
             size = _HEADER.unpack_from(buffer)[0]
             if size == 0:
-                if len(buffer) < _HEADER.size + _TRAILER.size:
-                    break
-                words, chunks = _TRAILER.unpack_from(buffer, _HEADER.size)
-                self.release(request_id)
-                sink.finished(request_id, "stop", words, chunks)
-                return
+                if len(buffer) >= _HEADER.size + _TRAILER.size:
+                    finished = _TRAILER.unpack_from(buffer, _HEADER.size)
+                break
             if len(buffer) < _HEADER.size + size:
                 break
-            pcm = np.frombuffer(bytes(buffer[_HEADER.size : _HEADER.size + size]), dtype="<i2")
+            frames.append(bytes(buffer[_HEADER.size : _HEADER.size + size]))
             del buffer[: _HEADER.size + size]
+        if frames:
+            pcm = np.frombuffer(b"".join(frames), dtype="<i2")
             sink.audio(request_id, pcm.astype(np.float32) / 32768.0)
-        if eof:
+        if finished is not None:
+            self.release(request_id)
+            sink.finished(request_id, "stop", *finished)
+        elif eof:
             self.release(request_id)
             sink.failed(request_id, RequestError("eSpeak synthesis failed.", code="synthesis_failed"))
