@@ -126,8 +126,10 @@ def _random_tensor(
         return torch.ones(shape)
     if leaf == "cluster_usage":
         return uniform(0.5, 2.0)
-    if leaf in ("embedding_sum", "embed_sum"):
+    if leaf == "embedding_sum":  # decoder codebooks
         return normal(1.0)
+    if leaf == "embed_sum":  # encoder codebooks: spaced finely enough that many codes get used
+        return normal(0.3)
     if leaf == "alpha":
         return normal(0.1)
     if leaf == "beta":  # sin^2 term divided by e^beta ~ 2: keeps SnakeBeta gentle
