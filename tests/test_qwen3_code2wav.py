@@ -170,3 +170,28 @@ def test_from_pretrained_rejects_wrong_weights(tok_dir: Path, tmp_path: Path) ->
         Code2Wav.from_pretrained(bad)
     cfg = json.loads((tok_dir / "config.json").read_text())
     assert cfg["model_type"] == "qwen3_tts_tokenizer_12hz"
+
+
+def test_prime_with_reference_codes(model: Code2Wav) -> None:
+    """Voice cloning decodes [ref codes + generated codes] and drops the ref audio: priming the
+    stream with the ref codes (output discarded) gives exactly the generated part."""
+    ref_codes, gen = _codes(50, 11)[0], _codes(51, 14)[0]
+    full = model.decode(torch.cat([ref_codes, gen], dim=1)[None])[0]
+    st = model.new_stream_state()
+    model.decode_stream([ref_codes], [st])
+    got = torch.cat([model.decode_stream([gen[:, s : s + 4]], [st])[0] for s in range(0, 14, 4)])
+    assert (got - full[11 * SPF :]).abs().max() <= TOL
+
+
+def test_model_dir_and_bf16(tok_dir: Path, tmp_path: Path) -> None:
+    """A full model dir (with `speech_tokenizer/` inside) loads too; bf16 runs and stays close to fp32."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_tts"}')
+    (tmp_path / "speech_tokenizer").symlink_to(tok_dir, target_is_directory=True)
+    m32 = Code2Wav.from_pretrained(tmp_path)
+    m16 = Code2Wav.from_pretrained(tok_dir, dtype=torch.bfloat16)
+    codes = _codes(60, 12)
+    a, b = m32.decode(codes)[0], m16.decode(codes)[0].float()
+    assert m16.decode(codes).dtype == torch.bfloat16
+    assert torch.isfinite(b).all()
+    corr = torch.corrcoef(torch.stack([a, b]))[0, 1]
+    assert corr > 0.9, corr

@@ -28,7 +28,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-__all__ = ["Code2Wav", "Code2WavConfig", "StreamState", "load_speech_tokenizer_state"]
+__all__ = [
+    "Code2Wav",
+    "Code2WavConfig",
+    "StreamState",
+    "load_speech_tokenizer_state",
+    "resolve_speech_tokenizer_dir",
+]
 
 
 # --------------------------------------------------------------------------- config
@@ -541,6 +547,18 @@ class Decoder(nn.Module):
 # --------------------------------------------------------------------------- public model
 
 
+def resolve_speech_tokenizer_dir(path: str | Path) -> Path:
+    """Accept either the `speech_tokenizer/` dir itself or a full Qwen3-TTS model dir holding one."""
+    path = Path(path)
+    if not (path / "config.json").exists() and (path / "speech_tokenizer" / "config.json").exists():
+        return path / "speech_tokenizer"
+    if (path / "speech_tokenizer" / "config.json").exists():
+        top = json.loads((path / "config.json").read_text())
+        if "decoder_config" not in top:
+            return path / "speech_tokenizer"
+    return path
+
+
 def load_speech_tokenizer_state(path: str | Path, prefix: str) -> dict[str, torch.Tensor]:
     """Tensors under `prefix` from a speech tokenizer dir's safetensors files, prefix stripped."""
     path = Path(path)
@@ -585,7 +603,7 @@ class Code2Wav(nn.Module):
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> Code2Wav:
         """Load from a `speech_tokenizer/` dir (config.json + safetensors); `encoder.*` keys are ignored."""
-        path = Path(path)
+        path = resolve_speech_tokenizer_dir(path)
         cfg = Code2WavConfig.from_dict(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
             model = cls(cfg)

@@ -25,6 +25,7 @@ from torch import nn
 from streamvox.models.qwen3_tts.code2wav import (
     apply_rope,
     load_speech_tokenizer_state,
+    resolve_speech_tokenizer_dir,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -361,7 +362,7 @@ class CodecEncoder(nn.Module):
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> CodecEncoder:
         """Load the `encoder.*` weights of a `speech_tokenizer/` directory."""
-        path = Path(path)
+        path = resolve_speech_tokenizer_dir(path)
         cfg = CodecEncoderConfig.from_dict(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
             model = cls(cfg)
