@@ -40,6 +40,14 @@ __all__ = [
 # --------------------------------------------------------------------------- config
 
 
+def check_plain_rope(cfg: dict[str, Any], where: str) -> None:
+    """Refuse RoPE variants this implementation does not do, rather than decode wrongly."""
+    scaling = cfg.get("rope_scaling")
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind != "default" or float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"{where}: only plain RoPE is supported, got rope_scaling={scaling!r}")
+
+
 @dataclass
 class Code2WavConfig:
     """The `decoder_config` of a speech tokenizer `config.json` plus the top-level rates."""
@@ -82,6 +90,7 @@ class Code2WavConfig:
         if "decode_upsample_rate" in top:
             kwargs["decode_upsample_rate"] = int(top["decode_upsample_rate"])
         extra = {k: v for k, v in dec.items() if k not in known}
+        check_plain_rope(extra, "decoder_config")
         return cls(**kwargs, extra=extra)
 
     @property
@@ -425,7 +434,17 @@ class EuclideanCodebook(nn.Module):
         self.eps = eps
 
     def table(self) -> torch.Tensor:
-        return self.embedding_sum / self.cluster_usage.clamp(min=self.eps)[:, None]
+        """The codewords; cached, and recomputed only when a weight changes (dtype/device moves too)."""
+        key = (
+            self.embedding_sum.data_ptr(),
+            self.embedding_sum._version,
+            self.cluster_usage.data_ptr(),
+            self.cluster_usage._version,
+        )
+        if getattr(self, "_table_key", None) != key:
+            self._table = self.embedding_sum / self.cluster_usage.clamp(min=self.eps)[:, None]
+            self._table_key = key
+        return self._table
 
 
 class VectorQuantization(nn.Module):

@@ -24,6 +24,7 @@ from torch import nn
 
 from streamvox.models.qwen3_tts.code2wav import (
     apply_rope,
+    check_plain_rope,
     load_speech_tokenizer_state,
     resolve_speech_tokenizer_dir,
     rope_cos_sin,
@@ -73,6 +74,7 @@ class CodecEncoderConfig:
     @classmethod
     def from_dict(cls, top: dict[str, Any]) -> CodecEncoderConfig:
         enc = dict(top.get("encoder_config") or {})
+        check_plain_rope(enc, "encoder_config")
         known = set(cls.__dataclass_fields__)
         kwargs = {k: v for k, v in enc.items() if k in known and k != "frame_rate"}
         # transformers stores an explicit frame rate as `_frame_rate` (and it wins when both are present)
