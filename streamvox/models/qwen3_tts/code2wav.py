@@ -390,7 +390,9 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: _Step):
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: _Step
+    ) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, step))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -686,9 +688,12 @@ class Code2Wav(nn.Module):
         if rows:
             lens = [codes_list[i].shape[1] for i in rows]
             t_max = max(lens)
-            codes = torch.zeros(len(rows), q, t_max, dtype=torch.long, device=dev)
-            for r, i in enumerate(rows):
-                codes[r, :, : lens[r]] = codes_list[i].to(dev)
+            if all(n == t_max for n in lens):
+                codes = torch.stack([codes_list[i] for i in rows]).to(dev, torch.long)
+            else:
+                codes = torch.zeros(len(rows), q, t_max, dtype=torch.long, device=dev)
+                for r, i in enumerate(rows):
+                    codes[r, :, : lens[r]] = codes_list[i].to(dev)
             row_states = [states[i] for i in rows]
             tails_in: dict[str, torch.Tensor | None] = {}
             for name, mod in self.decoder.named_modules():
