@@ -152,7 +152,11 @@ def test_bad_inputs(model: Code2Wav) -> None:
         model.decode_stream([torch.zeros(16, 3, dtype=torch.long)] * 2, [st, st])
     with pytest.raises(ValueError):
         model.decode_stream([torch.zeros(16, 3, dtype=torch.long)], [st, StreamState()])
-    assert st.frames == 0
+    with pytest.raises(ValueError, match="codebook_size"):
+        model.decode_stream([torch.full((16, 2), CODEBOOK, dtype=torch.long)], [st])
+    with pytest.raises(ValueError, match="codebook_size"):
+        model.decode(torch.full((1, 16, 2), CODEBOOK, dtype=torch.long))
+    assert st.frames == 0 and not st.tails
 
 
 def test_from_pretrained_rejects_wrong_weights(tok_dir: Path, tmp_path: Path) -> None:

@@ -641,9 +641,20 @@ class Code2Wav(nn.Module):
         if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers:
             raise ValueError(f"codes must be [B, {self.cfg.num_quantizers}, T], got {tuple(codes.shape)}")
 
+    def _safe_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Negative codes (upstream's padding) decode as 0, like upstream; codes past the codebook
+        raise here, before an out-of-range lookup could kill a CUDA context."""
+        if bool((codes >= self.cfg.codebook_size).any()):
+            raise ValueError(f"codes must be < codebook_size ({self.cfg.codebook_size})")
+        return codes.clamp(min=0)
+
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Offline decode: codes LongTensor [B, 16, T] -> float waveform [B, T * 1920]."""
+        """Offline decode: codes LongTensor [B, 16, T] -> float waveform [B, T * 1920].
+
+        Exact full-sequence decode. (Upstream's `decode` cuts sequences over 300 frames into
+        300-frame pieces with 25 frames of left context, an approximation past 300 frames.)
+        """
         self._check_codes(codes)
         b, _, t = codes.shape
         dev = self.decoder.pre_conv.conv.weight.device
@@ -654,7 +665,7 @@ class Code2Wav(nn.Module):
             tails_in={},
             keep_state=False,
         )
-        return self.decoder(codes.to(dev).clamp(min=0), step)
+        return self.decoder(self._safe_codes(codes.to(dev)), step)
 
     def new_stream_state(self) -> StreamState:
         """Fresh per-request streaming state (nothing decoded yet)."""
@@ -712,7 +723,7 @@ class Code2Wav(nn.Module):
                 tails_in=tails_in,
                 keep_state=True,
             )
-            wav = self.decoder(codes.clamp(min=0), step)
+            wav = self.decoder(self._safe_codes(codes), step)
             for r, i in enumerate(rows):
                 st = states[i]
                 st.frames += lens[r]
