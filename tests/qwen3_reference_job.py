@@ -1,6 +1,6 @@
 """Runs the upstream `qwen-tts` implementation on a checkpoint; executed with the reference venv's python.
 
-Reads a JSON job on stdin: {"model_dir": ..., "cases": [...]} and prints {"codes": [[[16 ints]...]...]}.
+Reads jobs as JSON on stdin and prints, per job, the codes of each case (see `main`).
 The speech tokenizer is replaced by a recorder (talker parity does not involve the codec):
 `decode` captures the codes handed to it and `encode` returns the case's given reference codes.
 """
@@ -49,8 +49,7 @@ def load(model_dir: str):
     return Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config), recorder
 
 
-def main() -> None:
-    job = json.load(sys.stdin)
+def run_job(job: dict) -> dict:
     tts, recorder = load(job["model_dir"])
     out = []
     for case in job["cases"]:
@@ -73,12 +72,17 @@ def main() -> None:
         if recorder.ref_codes is not None and case.get("ref_text"):
             codes = codes[len(case["ref_codes"]):]  # the wrapper prepends the reference codes for decoding
         out.append(codes)
+    result: dict = {"codes": out}
     if job.get("speaker_embedding_of"):
         wav = np.asarray(job["speaker_embedding_of"]["pcm"], dtype=np.float32)
-        emb = tts.model.extract_speaker_embedding(wav, 24000)
-        print(json.dumps({"codes": out, "speaker_embedding": emb.tolist()}))
-        return
-    print(json.dumps({"codes": out}))
+        result["speaker_embedding"] = tts.model.extract_speaker_embedding(wav, 24000).tolist()
+    return result
+
+
+def main() -> None:
+    """stdin: {"jobs": [{"model_dir", "cases", "speaker_embedding_of"?}, ...]}; stdout: {"results": [...]}."""
+    request = json.load(sys.stdin)
+    print(json.dumps({"results": [run_job(job) for job in request["jobs"]]}))
 
 
 if __name__ == "__main__":
