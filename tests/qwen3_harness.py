@@ -17,10 +17,12 @@ from streamvox.models.base import RequestError
 from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
 
 REPO = Path(__file__).resolve().parent.parent
+# Tiny models: one thread avoids oversubscribing a small shared CI machine (and is faster here).
+torch.set_num_threads(1)
 
 
 def reference_python() -> str:
-    """The reference venv's python (env STREAMVOX_REF_PYTHON, default `.ref-venv/bin/python`); fails if absent."""
+    """The reference venv's python (STREAMVOX_REF_PYTHON, default `.ref-venv/bin/python`); fails if absent."""
     path = Path(os.environ.get("STREAMVOX_REF_PYTHON", ".ref-venv/bin/python"))
     if not path.is_absolute():
         path = REPO / path
@@ -119,5 +121,6 @@ def pcm_bytes(pcm: np.ndarray) -> bytes:
 def make_signal(sr: int, seconds: float = 1.0, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     t = np.arange(int(sr * seconds)) / sr
-    sig = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 517 * t) + 0.05 * rng.standard_normal(t.size)
+    sig = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 517 * t)
+    sig = sig + 0.05 * rng.standard_normal(t.size)
     return sig.astype(np.float32)

@@ -61,7 +61,8 @@ def run_job(job: dict) -> dict:
             tts.generate_custom_voice(text=case["text"], speaker=case["speaker"], language=lang,
                                       instruct=case.get("instruct"), **kw)
         elif case["task"] == "voice_design":
-            tts.generate_voice_design(text=case["text"], instruct=case.get("instruct", ""), language=lang, **kw)
+            tts.generate_voice_design(text=case["text"], instruct=case.get("instruct", ""), language=lang,
+                                      **kw)
         else:
             wav = np.asarray(case["ref_audio"], dtype=np.float32)
             recorder.ref_codes = torch.tensor(case["ref_codes"]) if case.get("ref_codes") else None

@@ -63,9 +63,9 @@ def _tokenizer(out: Path) -> dict[str, int]:
     return ids
 
 
-def tiny_config(task: str, specials: dict[str, int], text_vocab: int) -> dict:
+def tiny_config(task: str, specials: dict[str, int], text_vocab: int, codebook_size: int = CODEBOOK) -> dict:
     predictor = dict(
-        vocab_size=CODEBOOK, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+        vocab_size=codebook_size, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=12, rms_norm_eps=1e-6, rope_theta=10000,
         max_position_embeddings=64, num_code_groups=16, hidden_act="silu", use_sliding_window=False,
     )
@@ -73,13 +73,16 @@ def tiny_config(task: str, specials: dict[str, int], text_vocab: int) -> dict:
         code_predictor_config=predictor,
         vocab_size=CODEC_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1000000,
-        rope_scaling={"interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default", "type": "default"},
+        rope_scaling={"interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default",
+                      "type": "default"},
         max_position_embeddings=4096, num_code_groups=16, hidden_act="silu",
         text_vocab_size=text_vocab, text_hidden_size=40,
         codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
         codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
         spk_id=dict(SPEAKERS) if task == "custom_voice" else {},
-        spk_is_dialect=({"alice": False, "bob": False, "dylan": "beijing_dialect"} if task == "custom_voice" else {}),
+        spk_is_dialect=(
+            {"alice": False, "bob": False, "dylan": "beijing_dialect"} if task == "custom_voice" else {}
+        ),
         codec_language_id=dict(LANGUAGES),
         use_sliding_window=False,
     )
@@ -110,13 +113,17 @@ def build_tiny_checkpoint(
     task: str = "custom_voice",
     seed: int = 0,
     speech_tokenizer_builder: Callable[[Path], None] | None = None,
+    codebook_size: int = CODEBOOK,
 ) -> Path:
-    """Write a tiny random checkpoint for `task` ("custom_voice" | "voice_design" | "base")."""
+    """Write a tiny random checkpoint for `task` ("custom_voice" | "voice_design" | "base").
+
+    `codebook_size` must match the speech tokenizer's when one is built alongside (the codes
+    the talker emits index its codebooks)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     specials = _tokenizer(out)
     text_vocab = max(specials.values()) + 1 + 7
-    cfg_dict = tiny_config(task, specials, text_vocab)
+    cfg_dict = tiny_config(task, specials, text_vocab, codebook_size)
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=1))
     (out / "generation_config.json").write_text(json.dumps({
         "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,

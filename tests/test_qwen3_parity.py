@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from qwen3_harness import FrameLog, pcm_bytes, run_reference, run_solo, make_signal
+from qwen3_harness import FrameLog, make_signal, pcm_bytes, run_reference, run_solo
 from qwen3_tiny import build_tiny_checkpoint
+
 from streamvox.engine.request import SamplingParams, SpeechRequest
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
@@ -34,7 +34,8 @@ def _runner(model_dir, reference_codes=None) -> tuple[Qwen3TTSRunner, FrameLog]:
 def _check(ours: list, ref: list, label: str) -> None:
     assert len(ref) >= 3, f"{label}: reference stopped too early to compare anything"
     assert len(ours) == len(ref), f"{label}: {len(ours)} frames vs reference {len(ref)}"
-    assert ours == ref, f"{label}: first differing frame {next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)}"
+    first = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=True)) if a != b), None)
+    assert ours == ref, f"{label}: first differing frame {first}"
 
 
 SR = 16000
@@ -105,8 +106,8 @@ def test_voice_design_parity(checkpoints, reference):
     ref = reference["voice_design"]["codes"]
     runner, log = _runner(checkpoints["voice_design"])
     ours = [
-        run_solo(runner, log, SpeechRequest(request_id="a", text=TEXT, instructions=INSTRUCT, language="english",
-                                            sampling=GREEDY)),
+        run_solo(runner, log, SpeechRequest(request_id="a", text=TEXT, instructions=INSTRUCT,
+                                            language="english", sampling=GREEDY)),
         run_solo(runner, log, SpeechRequest(request_id="b", text=TEXT, sampling=GREEDY)),
     ]
     for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
@@ -128,9 +129,11 @@ def test_base_xvector_and_in_context_parity(checkpoints, reference):
         run_solo(runner, log, SpeechRequest(request_id="x", text=TEXT, language="english", ref_audio=audio,
                                             ref_sample_rate=SR, sampling=GREEDY)),
         run_solo(runner, log, SpeechRequest(request_id="i", text=TEXT, language="english", ref_audio=audio,
-                                            ref_sample_rate=SR, ref_text="Hi there, friend.", sampling=GREEDY)),
+                                            ref_sample_rate=SR, ref_text="Hi there, friend.",
+                                            sampling=GREEDY)),
         run_solo(runner, log, SpeechRequest(request_id="j", text="Hi.", ref_audio=audio, ref_sample_rate=SR,
-                                            ref_text="Hi there, this is a longer transcript.", sampling=GREEDY)),
+                                            ref_text="Hi there, this is a longer transcript.",
+                                            sampling=GREEDY)),
     ]
     for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
         _check(o, r, f"base case {i}")

@@ -159,7 +159,8 @@ def parse_config(d: dict[str, Any]) -> Qwen3TTSConfig:
         code_predictor=DecoderConfig(**predictor),
     )
     s = dict(d.get("speaker_encoder_config") or {})
-    speaker = SpeakerEncoderConfig(**{k: v for k, v in s.items() if k in SpeakerEncoderConfig.__dataclass_fields__})
+    known = SpeakerEncoderConfig.__dataclass_fields__
+    speaker = SpeakerEncoderConfig(**{k: v for k, v in s.items() if k in known})
     top = {k: d[k] for k in (
         "tts_model_type", "tts_model_size", "tokenizer_type", "im_start_token_id", "im_end_token_id",
         "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id") if k in d}

@@ -106,7 +106,8 @@ class Qwen3TTSModel:
         self.device, self.dtype = p.device, p.dtype
         with torch.inference_mode():
             special = torch.tensor([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
-            self.tts_bos, self.tts_eos, self.tts_pad = self.talker.text_embed(special.to(self.device)).unbind(0)
+            embeds = self.talker.text_embed(special.to(self.device))
+            self.tts_bos, self.tts_eos, self.tts_pad = embeds.unbind(0)
 
     @classmethod
     def from_pretrained(

@@ -26,7 +26,7 @@ from streamvox.models.qwen3_tts.config import (
 
 class KVCache(Protocol):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new keys/values `[B, kv_heads, L, head_dim]` for `layer`; return all keys/values to attend."""
+        """Store new keys/values `[B, kv_heads, L, head_dim]` of `layer`; return the keys/values to attend."""
         ...
 
 
@@ -340,7 +340,9 @@ class AttentiveStatisticsPooling(nn.Module):
         length = x.shape[-1]
         uniform = torch.full((x.shape[0], 1, length), 1.0 / length, dtype=x.dtype, device=x.device)
         mean, std = self._stats(x, uniform)
-        ctx = torch.cat([x, mean.unsqueeze(2).expand(-1, -1, length), std.unsqueeze(2).expand(-1, -1, length)], 1)
+        mean_t = mean.unsqueeze(2).expand(-1, -1, length)
+        std_t = std.unsqueeze(2).expand(-1, -1, length)
+        ctx = torch.cat([x, mean_t, std_t], 1)
         attn = torch.softmax(self.conv(torch.tanh(self.tdnn(ctx))), dim=2)
         mean, std = self._stats(x, attn)
         return torch.cat([mean, std], dim=1).unsqueeze(2)

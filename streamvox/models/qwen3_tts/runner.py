@@ -32,6 +32,7 @@ from streamvox.models.base import ModelInfo, OutputSink, RequestError
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
 from streamvox.models.qwen3_tts.modeling import DenseCache
 from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
+from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import IncrementalText
 
 TASK_ALIASES = {
@@ -95,7 +96,8 @@ class _DecodeView:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.cache.k[layer, self.slots, :, self.pos] = k[:, :, 0]
         self.cache.v[layer, self.slots, :, self.pos] = v[:, :, 0]
-        return self.cache.k[layer, self.slots, :, : self.width], self.cache.v[layer, self.slots, :, : self.width]
+        w = self.width
+        return self.cache.k[layer, self.slots, :, :w], self.cache.v[layer, self.slots, :, :w]
 
     def mask(self) -> torch.Tensor:
         ar = torch.arange(self.width, device=self.pos.device)
@@ -248,7 +250,7 @@ class Qwen3TTSRunner:
                 raise RequestError(f"unknown task_type {r.task_type!r}; this model serves {task!r}",
                                    param="task_type")
             if asked != task:
-                raise RequestError(f"task_type {asked!r} is not supported by this checkpoint (it serves {task!r})",
+                raise RequestError(f"task_type {asked!r} is not supported by this checkpoint ({task!r})",
                                    param="task_type")
         lang = (r.language or "auto").strip().lower()
         if lang not in cfg.languages:
@@ -294,13 +296,15 @@ class Qwen3TTSRunner:
         if not sr or sr <= 0:
             raise RequestError("ref_sample_rate must be a positive integer", param="ref_sample_rate")
         if len(r.ref_audio) % 4:
-            raise RequestError("ref_audio is not float32 PCM (byte length not a multiple of 4)", param="ref_audio")
+            raise RequestError("ref_audio is not float32 PCM (length not a multiple of 4 bytes)",
+                               param="ref_audio")
         pcm = np.frombuffer(r.ref_audio, dtype="<f4").astype(np.float32)
         if pcm.size < sr // 10 or not np.isfinite(pcm).all():
             raise RequestError("ref_audio could not be decoded (shorter than 0.1 s or not finite)",
                                param="ref_audio")
         if pcm.size > self.max_ref_audio_seconds * sr:
-            raise RequestError(f"ref_audio is longer than {self.max_ref_audio_seconds:g} s", param="ref_audio")
+            raise RequestError(f"ref_audio is longer than {self.max_ref_audio_seconds:g} s",
+                               param="ref_audio")
         spec.speaker_embedding = self.model.speaker_embedding(pcm, sr)
         if r.ref_text:
             if self.reference_encoder is None:
@@ -316,7 +320,9 @@ class Qwen3TTSRunner:
         else:
             spec.non_streaming = False
 
-    def _sampling(self, r: SpeechRequest) -> tuple[SamplerSettings, SamplerSettings, torch.Generator | None, int]:
+    def _sampling(
+        self, r: SpeechRequest
+    ) -> tuple[SamplerSettings, SamplerSettings, torch.Generator | None, int]:
         g = self.model.generation
         s = r.sampling
         temperature = g["temperature"] if s.temperature is None else s.temperature
@@ -548,17 +554,26 @@ def _load_codec(st_dir: Path, device: str, dtype: torch.dtype) -> StreamingCodec
 
 
 def _load_reference_encoder(st_dir: Path, device: str) -> ReferenceEncoder | None:
-    """Hook to the codec helper's encoder: `codec_encoder.load_encoder(dir)` and
-    `codec_encoder.encode_reference(codes_model, pcm, sr) -> LongTensor[T, 16]`."""
+    """Reference codes for in-context cloning from the speech tokenizer's encoder (the codec side's
+    `codec_encoder` module): its `encode_reference(codes_model, pcm, sr) -> LongTensor[T, 16]` when it
+    offers one, else `CodecEncoder.from_pretrained(dir).encode(pcm_at_its_rate)`."""
     if not (st_dir / "config.json").exists():
         return None
     try:
         from streamvox.models.qwen3_tts import codec_encoder  # type: ignore[attr-defined]
     except ImportError:
         return None
-    load = getattr(codec_encoder, "load_encoder", None)
-    encode = getattr(codec_encoder, "encode_reference", None)
-    if load is None or encode is None:
+    enc_cls = getattr(codec_encoder, "CodecEncoder", None)
+    if enc_cls is None:
         return None
-    enc_model = load(st_dir, device=device)
-    return lambda pcm, sr: encode(enc_model, pcm, sr)
+    enc = enc_cls.from_pretrained(st_dir, device=device)
+    custom = getattr(codec_encoder, "encode_reference", None)
+    if custom is not None:
+        return lambda pcm, sr: custom(enc, pcm, sr)
+    rate = int(getattr(enc, "sample_rate", 24000))
+
+    def encode(pcm: np.ndarray, sr: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return enc.encode(torch.from_numpy(resample(pcm, sr, rate))).cpu()
+
+    return encode

@@ -26,7 +26,7 @@ class SamplerSettings:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
-    """logits `[V]`, history: ids generated so far. Seen ids: positive scores / penalty, negative * penalty."""
+    """logits `[V]`; history: ids generated so far. Seen ids: positive / penalty, negative * penalty."""
     if penalty == 1.0 or history.numel() == 0:
         return logits
     seen = torch.unique(history)
