@@ -284,6 +284,34 @@ def test_base_validation_and_in_context_decoder_priming(base_dir):
     assert runner.info.voice_cloning and runner.info.voices == []
 
 
+def test_empty_streamed_text_fails_that_request_only(cv_model):
+    runner, _, _ = _runner(cv_model)
+    sink = RecordingSink()
+    runner.add(SpeechRequest(request_id="e", text="", text_complete=False))
+    runner.add(SpeechRequest(request_id="ok", text="Hi there.", sampling=SamplingParams(max_new_tokens=3)))
+    runner.feed_text("e", "   ")
+    runner.end_input("e")
+    drain(runner, sink)
+    assert sink.errors["e"].param == "input" and "ok" in sink.done
+    assert "e" not in runner.requests and sorted(runner.free_slots) == list(range(16))
+
+
+def test_load_from_hf_repo_id_offline(cv_dir, tmp_path, monkeypatch):
+    """A repo id resolves through huggingface_hub's cache (offline: nothing is downloaded)."""
+    import shutil
+
+    import huggingface_hub.constants as hf_constants
+
+    snap = tmp_path / "hub" / "models--tiny-org--tiny-qwen3-tts" / "snapshots" / "abc123"
+    shutil.copytree(cv_dir, snap)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    model = Qwen3TTSModel.from_pretrained("tiny-org/tiny-qwen3-tts")
+    assert model.model_dir == snap and model.cfg.tts_model_type == "custom_voice"
+
+
 def test_load_runner_from_directory(cv_dir):
     runner = load_runner(cv_dir)
     assert runner.codec is None  # no speech_tokenizer/ in this checkpoint

@@ -128,6 +128,8 @@ class _Request:
     codec_state: Any = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
+    text_tokens: int = 0  # ids of the text to speak (usage: input_tokens)
+    has_words: bool = False  # any non-whitespace text seen
 
     @property
     def decoding(self) -> bool:
@@ -207,11 +209,12 @@ class Qwen3TTSRunner:
         )
         if spec.ref_codes is not None and not spec.non_streaming:
             req.track = list(spec.ref_text_ids)
+        req.has_words = bool(request.text.strip())
         if request.text_complete:
-            req.track += req.text.feed(request.text) + req.text.finish()
+            self._extend(req, req.text.feed(request.text) + req.text.finish())
             req.text_done = True
         else:
-            req.track += req.text.feed(request.text)
+            self._extend(req, req.text.feed(request.text))
         self.requests[rid] = req
         self.order.append(rid)
 
@@ -219,14 +222,20 @@ class Qwen3TTSRunner:
         req = self.requests.get(request_id)
         if req is None or req.text_done:
             return
-        req.track += req.text.feed(text)
+        req.has_words = req.has_words or bool(text.strip())
+        self._extend(req, req.text.feed(text))
 
     def end_input(self, request_id: str) -> None:
         req = self.requests.get(request_id)
         if req is None or req.text_done:
             return
-        req.track += req.text.finish()
+        self._extend(req, req.text.finish())
         req.text_done = True
+
+    @staticmethod
+    def _extend(req: _Request, ids: list[int]) -> None:
+        req.track += ids
+        req.text_tokens += len(ids)
 
     def release(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -387,7 +396,7 @@ class Qwen3TTSRunner:
         return req.text_done or req.offset < len(req.track)
 
     def _prefill(self, req: _Request) -> None:
-        if not req.track and req.text_done and req.spec.ref_codes is None:
+        if req.text_done and not req.has_words:
             raise RequestError("input text is empty", param="input")
         prompt = self.model.build_prompt(req.spec, req.track, req.text_done)
         n = prompt.embeds.shape[0]
@@ -526,7 +535,7 @@ class Qwen3TTSRunner:
         for rid in list(self.order):
             req = self.requests[rid]
             if req.finish_reason is not None and not req.buffer:
-                reason, n_in, n_out = req.finish_reason, len(req.track), req.n_frames
+                reason, n_in, n_out = req.finish_reason, req.text_tokens, req.n_frames
                 self.release(rid)
                 sink.finished(rid, reason, n_in, n_out)
 
