@@ -80,10 +80,33 @@ def run_job(job: dict) -> dict:
     return result
 
 
+def run_full_job(job: dict) -> dict:
+    """End to end with the checkpoint's real speech tokenizer: returns each case's waveform."""
+    from qwen_tts import Qwen3TTSModel
+
+    tts = Qwen3TTSModel.from_pretrained(job["model_dir"])
+    wavs = []
+    for case in job["cases"]:
+        kw = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=case["max_frames"] + 1)
+        lang = case.get("language") or "Auto"
+        if case["task"] == "custom_voice":
+            out, sr = tts.generate_custom_voice(text=case["text"], speaker=case["speaker"], language=lang,
+                                                **kw)
+        else:
+            wav = np.asarray(case["ref_audio"], dtype=np.float32)
+            out, sr = tts.generate_voice_clone(text=case["text"], language=lang,
+                                               ref_audio=(wav, case["ref_sr"]),
+                                               ref_text=case.get("ref_text"),
+                                               x_vector_only_mode=not case.get("ref_text"), **kw)
+        wavs.append(np.asarray(out[0], dtype=np.float32).tolist())
+    return {"wavs": wavs, "sample_rate": sr}
+
+
 def main() -> None:
     """stdin: {"jobs": [{"model_dir", "cases", "speaker_embedding_of"?}, ...]}; stdout: {"results": [...]}."""
     request = json.load(sys.stdin)
-    print(json.dumps({"results": [run_job(job) for job in request["jobs"]]}))
+    results = [run_full_job(job) if job.get("full") else run_job(job) for job in request["jobs"]]
+    print(json.dumps({"results": results}))
 
 
 if __name__ == "__main__":

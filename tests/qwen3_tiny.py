@@ -30,9 +30,13 @@ CORPUS = [
     "Speak softly, with a warm and gentle voice, please.",
 ] + ["assistant user assistant user"] * 20
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
-SPEAKERS = {"alice": 1120, "bob": 1121, "dylan": 1122}
-LANGUAGES = {"english": 1110, "chinese": 1111, "beijing_dialect": 1112}
-CODEC_VOCAB = 1280  # ids >= 256 are control ids; [256, 1280) is the suppressed range except eos
+# Like upstream, the talker's codec vocabulary is the codebook plus 1024 control ids, and the
+# control range [codebook, codebook + 1024) is suppressed in sampling (except end-of-speech).
+# Control ids below are offsets into that range.
+SPEAKERS = {"alice": 40, "bob": 41, "dylan": 42}
+LANGUAGES = {"english": 30, "chinese": 31, "beijing_dialect": 32}
+CONTROL = dict(codec_pad_id=10, codec_bos_id=11, codec_eos_token_id=12, codec_think_id=13,
+               codec_nothink_id=14, codec_think_bos_id=15, codec_think_eos_id=16)
 CODEBOOK = 256
 
 
@@ -71,19 +75,18 @@ def tiny_config(task: str, specials: dict[str, int], text_vocab: int, codebook_s
     )
     talker = dict(
         code_predictor_config=predictor,
-        vocab_size=CODEC_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=codebook_size + 1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1000000,
         rope_scaling={"interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default",
                       "type": "default"},
         max_position_embeddings=4096, num_code_groups=16, hidden_act="silu",
         text_vocab_size=text_vocab, text_hidden_size=40,
-        codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
-        codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
-        spk_id=dict(SPEAKERS) if task == "custom_voice" else {},
+        **{k: codebook_size + v for k, v in CONTROL.items()},
+        spk_id={k: codebook_size + v for k, v in SPEAKERS.items()} if task == "custom_voice" else {},
         spk_is_dialect=(
             {"alice": False, "bob": False, "dylan": "beijing_dialect"} if task == "custom_voice" else {}
         ),
-        codec_language_id=dict(LANGUAGES),
+        codec_language_id={k: codebook_size + v for k, v in LANGUAGES.items()},
         use_sliding_window=False,
     )
     speaker = dict(
