@@ -27,10 +27,12 @@ fi
 [ -x "$TARGET/bin/python" ] || "$PYTHON" -m venv "$TARGET"
 PIP=("$TARGET/bin/python" -m pip install --quiet)
 
-# CPU torch first, from the PyTorch CPU index when the local wheel cache lacks it.
-"${PIP[@]}" "$TORCH_SPEC" || "${PIP[@]}" "$TORCH_SPEC" --index-url https://download.pytorch.org/whl/cpu
+# CPU torch first (the machine image's wheel cache has the +cpu build; REF_TORCH_SPEC overrides).
+"${PIP[@]}" "$TORCH_SPEC"
 "${PIP[@]}" --no-deps "$TORCHAUDIO_SPEC"
 "${PIP[@]}" --no-deps "qwen-tts==0.1.1"
+# Versions qwen-tts 0.1.1 pins, plus what its modules import (gradio is only for its demo).
+# numpy<2.4: numba, pulled in by librosa, lags numpy releases.
 "${PIP[@]}" "transformers==4.57.3" "accelerate==1.12.0" "librosa" "soundfile" "sox" \
     "onnxruntime" "einops" "numpy<2.4"
 
