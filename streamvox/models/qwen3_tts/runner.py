@@ -416,8 +416,8 @@ class Qwen3TTSRunner:
     def _choose(self, req: _Request, logits: torch.Tensor) -> None:
         """Pick the next codebook-0 id (or end the request on end-of-speech)."""
         eos = self.model.cfg.talker.codec_eos_token_id
-        logits = apply_repetition_penalty(logits, torch.tensor(req.history, dtype=torch.long),
-                                          req.talker_settings.repetition_penalty)
+        history = torch.tensor(req.history, dtype=torch.long, device=logits.device)
+        logits = apply_repetition_penalty(logits, history, req.talker_settings.repetition_penalty)
         mask = self.suppress
         if len(req.history) < MIN_NEW_TOKENS:
             mask = mask.clone()
@@ -440,13 +440,17 @@ class Qwen3TTSRunner:
         hidden = torch.stack([r.hidden for r in batch])  # type: ignore[misc]
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
         cache = DenseCache()
+        all_greedy = all(r.sub_settings.greedy for r in batch)
         codes = [first]
         pos = torch.arange(2, device=dev)[None].expand(len(batch), -1)
         for j in range(self.groups - 1):
             h = cp.model.run(cp.small_to_mtp_projection(x), pos, cache)
             logits = cp.lm_head[j](h[:, -1]).float()
-            picked = [select(logits[i], r.sub_settings, r.generator) for i, r in enumerate(batch)]
-            tok = torch.tensor(picked, dtype=torch.long, device=dev)
+            if all_greedy:
+                tok = logits.argmax(-1)  # one kernel, no per-row host round trips
+            else:
+                picked = [select(logits[i], r.sub_settings, r.generator) for i, r in enumerate(batch)]
+                tok = torch.tensor(picked, dtype=torch.long, device=dev)
             codes.append(tok)
             if j + 1 < self.groups - 1:
                 x = cp.model.codec_embedding[j](tok)[:, None]
