@@ -22,6 +22,8 @@ FRAMES = 12
 GREEDY = SamplingParams(temperature=0, max_new_tokens=FRAMES)
 TEXT = "Hello world, this is streaming speech!"
 REF_CODES = torch.randint(0, 256, (5, 16), generator=torch.Generator().manual_seed(7)).tolist()
+# Longer than transcript + text: the in-context prompt pads the text track (the other branch upstream).
+REF_CODES_LONG = torch.randint(0, 256, (24, 16), generator=torch.Generator().manual_seed(8)).tolist()
 
 
 def _runner(model_dir, reference_codes=None) -> tuple[Qwen3TTSRunner, FrameLog]:
@@ -63,6 +65,8 @@ CASES = {
              ref_text="Hi there, friend.", ref_codes=REF_CODES, max_frames=FRAMES),
         dict(task="base", text="Hi.", language="auto", ref_audio=REF_PCM.tolist(), ref_sr=SR,
              ref_text="Hi there, this is a longer transcript.", ref_codes=REF_CODES, max_frames=FRAMES),
+        dict(task="base", text="Hi.", language="english", ref_audio=REF_PCM.tolist(), ref_sr=SR,
+             ref_text="Hello.", ref_codes=REF_CODES_LONG, max_frames=FRAMES),
     ],
 }
 
@@ -135,5 +139,9 @@ def test_base_xvector_and_in_context_parity(checkpoints, reference):
                                             ref_text="Hi there, this is a longer transcript.",
                                             sampling=GREEDY)),
     ]
+    long_runner, long_log = _runner(checkpoints["base"], REF_CODES_LONG)
+    ours.append(run_solo(long_runner, long_log, SpeechRequest(
+        request_id="k", text="Hi.", language="english", ref_audio=audio, ref_sample_rate=SR,
+        ref_text="Hello.", sampling=GREEDY)))
     for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
         _check(o, r, f"base case {i}")
