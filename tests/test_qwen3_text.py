@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from qwen3_tiny import build_tiny_checkpoint
+
 from streamvox.models.qwen3_tts.text import IncrementalText, TextTokenizer, load_tokenizer
 
 ALPHABET = "abcdefgh XYZ  \n\t.,!?'-0123456789éü日本"
