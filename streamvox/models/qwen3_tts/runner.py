@@ -553,7 +553,10 @@ def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: 
     st_dir = model.model_dir / "speech_tokenizer"
     codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, dtype)
     ref_enc = kwargs.pop("reference_encoder", None) or _load_reference_encoder(st_dir, device)
-    return Qwen3TTSRunner(model, codec, reference_encoder=ref_enc, **kwargs)
+    # A repo id names the model better than its snapshot directory (a commit hash).
+    given = Path(model_path)
+    name = kwargs.pop("name", None) or (given.name if given.is_dir() else str(model_path))
+    return Qwen3TTSRunner(model, codec, reference_encoder=ref_enc, name=name, **kwargs)
 
 
 def _load_codec(st_dir: Path, device: str, dtype: torch.dtype) -> StreamingCodec | None:
