@@ -265,6 +265,14 @@ def test_base_validation_and_in_context_decoder_priming(base_dir):
     assert err(ref_audio=pcm_bytes(np.full(4000, np.nan)), ref_sample_rate=16000).param == "ref_audio"
     assert err(ref_audio=audio).param == "ref_sample_rate"
     assert err(ref_audio=audio, ref_sample_rate=16000, task_type="custom_voice").param == "task_type"
+    def broken(pcm, sr):
+        raise ValueError("encoder exploded")
+
+    failing = Qwen3TTSRunner(model, codec, reference_encoder=broken)
+    with pytest.raises(RequestError) as e:
+        failing.add(SpeechRequest(request_id="b", text="Hi.", ref_audio=audio, ref_sample_rate=16000,
+                                  ref_text="Hello."))
+    assert e.value.param == "ref_audio" and "encoder exploded" in e.value.message
     no_encoder = Qwen3TTSRunner(model, codec)
     with pytest.raises(RequestError) as e:
         no_encoder.add(SpeechRequest(request_id="b", text="Hi.", ref_audio=audio, ref_sample_rate=16000,

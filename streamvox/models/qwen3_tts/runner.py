@@ -314,13 +314,19 @@ class Qwen3TTSRunner:
         if pcm.size > self.max_ref_audio_seconds * sr:
             raise RequestError(f"ref_audio is longer than {self.max_ref_audio_seconds:g} s",
                                param="ref_audio")
-        spec.speaker_embedding = self.model.speaker_embedding(pcm, sr)
+        try:
+            spec.speaker_embedding = self.model.speaker_embedding(pcm, sr)
+        except (RuntimeError, ValueError) as e:
+            raise RequestError(f"ref_audio could not be analysed: {e}", param="ref_audio") from e
         if r.ref_text:
             if self.reference_encoder is None:
                 raise RequestError("in-context cloning (ref_text) needs the speech tokenizer encoder, "
                                    "which this deployment lacks; omit ref_text for x-vector cloning",
                                    param="ref_text")
-            codes = self.reference_encoder(pcm, sr)
+            try:
+                codes = self.reference_encoder(pcm, sr)
+            except (RuntimeError, ValueError) as e:
+                raise RequestError(f"ref_audio could not be encoded: {e}", param="ref_audio") from e
             if codes.dim() != 2 or codes.shape[1] != self.groups or codes.shape[0] == 0:
                 raise RequestError("ref_audio could not be encoded into reference codes", param="ref_audio")
             spec.ref_codes = codes.long()
