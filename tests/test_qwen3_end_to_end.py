@@ -24,9 +24,10 @@ TEXT = "Hello world, this is streaming speech!"
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     try:
+        from qwen3_tiny_codec import build_tiny_speech_tokenizer
+
         import streamvox.models.qwen3_tts.code2wav  # noqa: F401
         import streamvox.models.qwen3_tts.codec_encoder  # noqa: F401
-        from qwen3_tiny_codec import build_tiny_speech_tokenizer
     except ImportError as e:
         pytest.fail(f"the speech tokenizer side (code2wav / codec_encoder / tests/qwen3_tiny_codec.py) "
                     f"is missing: {e}")

@@ -21,6 +21,7 @@ from streamvox.realtime.speech import speech, speech_batch
 @dataclass
 class ServerSettings:
     model: str = "espeak"
+    model_options: dict = field(default_factory=dict)  # device, dtype, max_batch for `load_runner`
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
 
@@ -68,7 +69,8 @@ async def metrics(request: Request) -> Response:
 
 
 def build_app(settings: ServerSettings) -> Starlette:
-    state = AppState(settings, AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash))
+    state = AppState(settings, AsyncEngine(settings.model, model_options=settings.model_options,
+                                               restart_on_crash=not settings.exit_on_engine_crash))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
