@@ -25,7 +25,8 @@ def _serve(args: argparse.Namespace) -> int:
                               exit_on_engine_crash=args.exit_on_engine_crash)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
-                            log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
+                            log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
+                            ws_per_message_deflate=False)  # compressing base64 audio costs loop time
     server = uvicorn.Server(config)
     app.state.streamvox.request_exit = lambda: setattr(server, "should_exit", True)
     server.run()
