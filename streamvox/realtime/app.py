@@ -14,6 +14,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
+from streamvox.realtime.demo_page import demo_routes
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
 from streamvox.realtime.openai_realtime import realtime_endpoint
 from streamvox.realtime.speech import speech, speech_batch
@@ -49,7 +50,8 @@ async def health(request: Request) -> Response:
 async def models(request: Request) -> Response:
     info = request.app.state.streamvox.engine.info
     data = [] if info is None else [{"id": info.name, "object": "model", "owned_by": "streamvox",
-                                     "family": info.family, "sample_rate": info.sample_rate}]
+                                     "family": info.family, "sample_rate": info.sample_rate,
+                                     "voice_cloning": info.voice_cloning, "streaming_text": info.streaming_text}]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -58,7 +60,7 @@ async def voices(request: Request) -> Response:
     if info is None:
         return JSONResponse({"voices": []})
     return JSONResponse({"model": info.name, "default_voice": info.default_voice, "voices": info.voices,
-                         "languages": info.languages})
+                         "languages": info.languages, "voice_cloning": info.voice_cloning})
 
 
 async def metrics(request: Request) -> Response:
@@ -96,6 +98,7 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
+        *demo_routes(),
     ]
     middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

@@ -2,7 +2,8 @@
 
 HTTP and SDK clients send `Authorization: Bearer <key>`. Browsers cannot set
 headers on a WebSocket, so they may offer the subprotocol
-`openai-insecure-api-key.<key>` (next to `realtime`) instead. A refused
+`openai-insecure-api-key.<key>` (next to `realtime`) instead. The static
+`/demo` client page needs no key (it holds none; it takes one from its URL). A refused
 WebSocket is closed before it is accepted (the client sees HTTP 403).
 """
 
@@ -12,6 +13,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from streamvox.realtime.demo_page import is_public_path
 from streamvox.realtime.errors import APIError
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -42,7 +44,7 @@ class APIKeyMiddleware:
         return key is not None and hmac.compare_digest(key.encode(), self.api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self._allowed(_bearer(scope)):
+        if scope["type"] == "http" and not is_public_path(scope["path"]) and not self._allowed(_bearer(scope)):
             error = APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.")
             await error.response()(scope, receive, send)
             return
