@@ -197,7 +197,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       Object.assign(this, {baseUrl, apiKey, model, player});
       this.onEvent = onEvent || (() => {});
       this.onTiming = onTiming || (() => {});
-      this.timing = null; this.ws = null; this.responseId = null; this.responses = 0;
+      this.timing = null; this.ws = null; this.responseId = null; this.responses = 0; this.running = false;
     }
     connect() {
       return new Promise((resolve, reject) => {
@@ -225,15 +225,20 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.send({type: "conversation.item.create",
                  item: {type: "message", role: "user", content: [{type: "input_text", text}]}});
       this.send({type: "response.create"});
+      this.running = true;
     }
-    cancel() { this.send({type: "response.cancel"}); this.player.clear(); }
+    // Barge-in: stop the running response and drop the audio not played yet.
+    cancel() {
+      if (this.running) this.send({type: "response.cancel"});
+      this.player.clear();
+    }
     handle(event) {
       if (event.type === "response.created") { this.responseId = event.response.id; }
       else if (event.type === "response.output_audio.delta") {
         const n = this.player.pushBase64(event.delta);
         if (this.timing) { this.timing.delta(n); this.onTiming(this.timing.snapshot()); }
       } else if (event.type === "response.done") {
-        this.player.end(); this.responses += 1;
+        this.player.end(); this.responses += 1; this.running = false;
         if (this.timing) {
           this.timing.done = true; this.timing.status = event.response.status;
           this.onTiming(this.timing.snapshot());
