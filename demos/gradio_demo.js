@@ -21,7 +21,7 @@
     const s = player.stats;
     set("svx-samples", s.streamReceived + " / " + s.streamPlayed);
     set("svx-buffered", (s.buffered / 24).toFixed(0) + " ms (" + s.state + ")");
-    set("svx-underruns", String(s.underruns));
+    set("svx-underruns", s.underruns + " (waits for typed text: " + s.waits + ")");
     set("svx-context", s.contextState);
   }
 
@@ -37,7 +37,7 @@
   async function ensurePlayer() {
     if (!player) {
       player = new StreamVox.Player({sampleRate: 24000, jitterMs: config.jitterMs, onStats: renderStats});
-      state.player = player.stats;
+      state.player = player.stats; window.streamvoxPlayer = player;
     }
     await player.init();
   }

@@ -14,6 +14,7 @@
   };
   const player = new StreamVox.Player({sampleRate: 24000, jitterMs, onStats: render});
   state.player = player.stats;
+  window.streamvoxPlayer = player;
   let client = null;
 
   function log(line) {
@@ -28,6 +29,7 @@
     $("buffered").textContent = (s.buffered / 24).toFixed(0) + " ms (" + s.state + ")";
     $("underruns").textContent = s.underruns;
     $("ctxstate").textContent = s.contextState;
+    $("stop").disabled = !(client && (client.running || s.state !== "idle")); // stop the response or the playback
   }
 
   function renderTiming(t) {
@@ -67,10 +69,10 @@
           if (event.type === "error") state.errors.push(event.error);
           if (event.type === "response.done") {
             state.responses += 1; state.lastStatus = event.response.status;
-            $("stop").disabled = true;
           }
           if (event.type === "close") {
-            state.connected = false; $("status").textContent = "closed (" + event.code + ")";
+            if (state.connected) $("status").textContent = "closed (" + event.code + ")";
+            state.connected = false;
             $("speak").disabled = true; $("connect").disabled = false;
           }
         },

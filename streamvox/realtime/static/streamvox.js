@@ -6,14 +6,16 @@
 
   // The worklet runs on the audio thread. It holds a FIFO of Float32 chunks and starts (or, after an
   // underrun, resumes) playing only once `jitterSamples` are queued or the stream has ended.
-  // An underrun is counted when the FIFO runs dry after the jitter buffer filled and before the end.
+  // An underrun is counted when the FIFO runs dry after the jitter buffer filled and before the end,
+  // while the server had all of the text; running dry while the text is still coming in (typed or
+  // streamed by the client, "input open") is a wait for input, counted apart as `waits`.
   const WORKLET_SOURCE = `
 class StreamVoxProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
     this.jitter = options.processorOptions.jitterSamples;
     this.queue = []; this.offset = 0; this.buffered = 0;
-    this.state = "idle"; this.ended = false; this.filled = false;
+    this.state = "idle"; this.ended = false; this.filled = false; this.inputOpen = false; this.waits = 0;
     this.received = 0; this.played = 0; this.underruns = 0; this.underrunSamples = 0;
     this.streamReceived = 0; this.streamPlayed = 0; this.blocks = 0; this.stream = 0;
     this.port.onmessage = (e) => this.onMessage(e.data);
@@ -22,6 +24,9 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
     if (m.type === "begin") {
       this.queue = []; this.offset = 0; this.buffered = 0; this.ended = false; this.filled = false;
       this.state = "buffering"; this.streamReceived = 0; this.streamPlayed = 0; this.stream = m.stream;
+      this.inputOpen = false;
+    } else if (m.type === "input") {
+      this.inputOpen = m.open;
     } else if (m.type === "audio") {
       if (this.state === "idle") this.state = "buffering";
       this.queue.push(m.samples); this.buffered += m.samples.length;
@@ -38,6 +43,7 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
   report(event) {
     this.port.postMessage({type: event || "stats", stream: this.stream, state: this.state, filled: this.filled,
       received: this.received, played: this.played, underruns: this.underruns, underrunSamples: this.underrunSamples,
+      waits: this.waits,
       streamReceived: this.streamReceived, streamPlayed: this.streamPlayed, buffered: this.buffered});
   }
   process(inputs, outputs) {
@@ -59,6 +65,7 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
       this.played += i; this.streamPlayed += i;
       if (i < n) {
         if (this.ended) this.finish();
+        else if (this.inputOpen) { this.waits += 1; this.state = "buffering"; this.report("wait"); }
         else { this.underruns += 1; this.underrunSamples += n - i; this.state = "buffering"; this.report("underrun"); }
       }
     }
@@ -92,8 +99,9 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.node = null;
       this.stream = 0;
       this.carry = null; // an odd trailing byte of a PCM16 delta
-      this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, streamReceived: 0, streamPlayed: 0,
-                    buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none"};
+      this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, waits: 0, streamReceived: 0, streamPlayed: 0,
+                    buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none",
+                    streamBytes: 0, streamHash: 0x811c9dc5};
     }
 
     // Call from a user gesture (a click) so the AudioContext may start.
@@ -116,7 +124,9 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
 
     onMessage(m) {
       const s = this.stats;
-      for (const k of ["received", "played", "underruns", "underrunSamples", "buffered", "state", "filled"]) s[k] = m[k];
+      for (const k of ["received", "played", "underruns", "underrunSamples", "waits", "buffered", "state", "filled"]) {
+        s[k] = m[k];
+      }
       if (m.stream === this.stream) { s.streamReceived = m.streamReceived; s.streamPlayed = m.streamPlayed; }
       if (m.type === "started") { s.started += 1; if (this.onStarted) this.onStarted(m); }
       if (m.type === "drained") { s.drained += 1; if (this.onDrained) this.onDrained(m); }
@@ -127,12 +137,17 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
     begin() {
       this.stream += 1; this.carry = null;
       this.stats.streamReceived = 0; this.stats.streamPlayed = 0;
+      this.stats.streamBytes = 0; this.stats.streamHash = 0x811c9dc5;
       this.node.port.postMessage({type: "begin", stream: this.stream});
     }
 
     // PCM16 little-endian mono (ArrayBuffer or Uint8Array); returns the number of samples queued.
     pushPCM16(data) {
       let bytes = data instanceof Uint8Array ? data : new Uint8Array(data);
+      // FNV-1a (32 bit) of the stream's bytes, so tests can compare what arrived with a reference.
+      let hash = this.stats.streamHash;
+      for (let i = 0; i < bytes.length; i++) hash = Math.imul(hash ^ bytes[i], 0x01000193) >>> 0;
+      this.stats.streamHash = hash; this.stats.streamBytes += bytes.length;
       if (this.carry !== null) {
         const joined = new Uint8Array(bytes.length + 1);
         joined[0] = this.carry; joined.set(bytes, 1); bytes = joined; this.carry = null;
@@ -148,6 +163,8 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
     }
 
     pushBase64(b64) { return this.pushPCM16(base64ToBytes(b64)); }
+    // While the client is still sending the stream's text, running dry counts as a wait, not an underrun.
+    inputOpen(open) { this.node.port.postMessage({type: "input", open}); }
     end() { this.node.port.postMessage({type: "end"}); }
     clear() { this.node.port.postMessage({type: "clear"}); }
   }
@@ -293,10 +310,13 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         this.timing = new Timing(this.player.sampleRate);
         this.player.begin();
         this.player.onStarted = () => { if (this.timing) this.timing.playStart = performance.now(); };
+        this.player.inputOpen(true);
       }
       this.send({type: "input.text", text});
     }
-    done() { if (this.open) { this.open = false; this.send({type: "input.done"}); } }
+    done() {
+      if (this.open) { this.open = false; this.send({type: "input.done"}); this.player.inputOpen(false); }
+    }
     cancel() { this.open = false; this.send({type: "input.cancel"}); this.player.clear(); }
     close() { if (this.ws) this.ws.close(1000); }
   }
