@@ -206,6 +206,10 @@ def build_demo(info: dict, browser_server_url: str, api_key: str | None, jitter_
     return demo, {"head": head, "css": CSS, "theme": theme}
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server-url", default=None,
@@ -222,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    # Ctrl+C or SIGTERM end Gradio's serving loop; atexit then stops the server this demo started.
+    # (Explicit: a background job of a non-interactive shell starts with SIGINT ignored.)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     server_url = args.server_url
     if server_url is None:
         _, server_url = start_server(args.model, args.api_key)

@@ -45,6 +45,7 @@
   function onEvent(event) {
     if (event.type === "error") { state.errors.push(event.error || event); set("svx-status", "error: " + JSON.stringify(event.error || event.message)); }
     if (event.type === "audio.done") { state.utterances += 1; state.lastStatus = event.reason; }
+    if (event.type === "audio.done" && event.reason === "cancelled") set("svx-status", "cancelled");
     if (event.type === "response.done") { state.responses += 1; state.lastStatus = event.response.status; }
     if (event.type === "close") {
       if (stream && stream.ws && stream.ws.readyState !== WebSocket.OPEN) { stream = null; state.streamConnected = false; configured = null; sent = ""; }

@@ -154,10 +154,13 @@ def test_demo_page_streams_and_plays_realtime_audio(espeak_server, page):
     page.wait_for_function("() => window.streamvox.player.streamPlayed > 4800")
     page.click("#stop")
     page.wait_for_function("() => window.streamvox.responses >= 2")
-    page.wait_for_function("() => window.streamvox.player.state === 'idle'", timeout=2000)
+    page.wait_for_function("() => window.streamvox.player.state === 'idle'", timeout=5000)
     assert page.evaluate("window.streamvox.lastStatus") in ("cancelled", "completed")
     stopped = stats(page)
-    assert stopped["underruns"] == 0 and stopped["streamPlayed"] < stopped["streamReceived"] - RATE, stopped
+    assert stopped["underruns"] == 0 and stopped["streamPlayed"] < 10 * RATE, stopped
+    time.sleep(1.0)  # deltas still in flight when Stop was pressed are dropped, not played
+    after = stats(page)
+    assert after["state"] == "idle" and after["streamPlayed"] == stopped["streamPlayed"], (stopped, after)
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.fill("#text", PHRASE)
@@ -229,17 +232,18 @@ def test_text_stream_accepts_browser_key_subprotocol(page):
         server.stop()
 
 
-def start_gradio(*args: str, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+def start_gradio(log: Path, *args: str, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen([sys.executable, str(ROOT / "demos" / "gradio_app.py"), "--port", str(port), *args],
-                               env=env, start_new_session=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, str(ROOT / "demos" / "gradio_app.py"), "--port", str(port), *args],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"gradio_app.py exited with {process.returncode}")
+            raise AssertionError(f"gradio_app.py exited with {process.returncode}: {log.read_text()[-3000:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return process, url
@@ -247,22 +251,28 @@ def start_gradio(*args: str, timeout: float = 180.0) -> tuple[subprocess.Popen, 
             pass
         time.sleep(0.3)
     stop_gradio(process)
-    raise AssertionError("the Gradio demo did not start")
+    raise AssertionError(f"the Gradio demo did not start: {log.read_text()[-3000:]}")
 
 
-def stop_gradio(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)  # the app and the `streamvox serve` it started
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def stop_gradio(process: subprocess.Popen) -> bool:
+    """SIGTERM the app, as a supervisor would; True when it exited (and stopped its server) by itself."""
+    if process.poll() is not None:
+        return True
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return False
 
 
 def test_gradio_demo_renders_connects_and_plays(page):
     """The one documented command (it starts its own server), loaded in Chromium: both tabs stream and play."""
-    process, url = start_gradio()
+    log = ARTIFACTS / "gradio_app.log"
+    ARTIFACTS.mkdir(exist_ok=True)
+    process, url = start_gradio(log)
     try:
         page.goto(url)
         page.wait_for_selector("#svx-speak")
@@ -299,6 +309,21 @@ def test_gradio_demo_renders_connects_and_plays(page):
         assert final["underruns"] == 0, final  # running dry while text was still being typed is a wait
         assert final["streamReceived"] > 2 * RATE and final["streamPlayed"] == final["streamReceived"]
 
+        # Stop (barge-in) ends the utterance and the playback; audio still in flight is dropped.
+        page.uncheck("#svx-as-you-type input")
+        box.fill(PHRASE + " " + PHRASE + " " + PHRASE)
+        page.click("#svx-speak")
+        page.wait_for_function("() => window.streamvoxPlayer.stream === 3 && "
+                               "window.streamvox.player.streamPlayed > 4800",
+                               timeout=20_000)
+        page.click("#svx-stop")
+        page.wait_for_function("() => window.streamvox.player.state === 'idle'", timeout=5000)
+        page.wait_for_function("() => window.streamvox.utterances >= 3")
+        stopped = stats(page)
+        time.sleep(1.0)
+        assert stats(page)["streamPlayed"] == stopped["streamPlayed"] < 10 * RATE
+        assert page.evaluate("window.streamvox.lastStatus") in ("cancelled", "stop")
+
         # Realtime tab.
         page.get_by_role("tab", name="Realtime").click()
         page.click("#svx-rt-speak")
@@ -308,10 +333,14 @@ def test_gradio_demo_renders_connects_and_plays(page):
         assert page.evaluate("window.streamvox.lastStatus") == "completed"
         assert final["streamReceived"] > RATE and final["streamPlayed"] == final["streamReceived"]
         assert final["underruns"] == 0
-        ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "gradio.png"), full_page=True)
     finally:
-        stop_gradio(process)
+        exited = stop_gradio(process)
+    assert exited, "gradio_app.py did not exit on SIGTERM"
+    server_url = next(line.split(" at ")[1].strip() for line in log.read_text().splitlines()
+                      if line.startswith("streamvox serve is running at "))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{server_url}/health", timeout=2)  # the server it started is gone too
 
 
 def test_gradio_demo_offers_voice_upload_only_for_cloning_models():

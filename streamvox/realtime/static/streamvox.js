@@ -16,6 +16,7 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
     this.jitter = options.processorOptions.jitterSamples;
     this.queue = []; this.offset = 0; this.buffered = 0;
     this.state = "idle"; this.ended = false; this.filled = false; this.inputOpen = false; this.waits = 0;
+    this.accepting = true; // false after "clear" (barge-in) until the next "begin": late audio is dropped
     this.received = 0; this.played = 0; this.underruns = 0; this.underrunSamples = 0;
     this.streamReceived = 0; this.streamPlayed = 0; this.blocks = 0; this.stream = 0;
     this.port.onmessage = (e) => this.onMessage(e.data);
@@ -24,10 +25,11 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
     if (m.type === "begin") {
       this.queue = []; this.offset = 0; this.buffered = 0; this.ended = false; this.filled = false;
       this.state = "buffering"; this.streamReceived = 0; this.streamPlayed = 0; this.stream = m.stream;
-      this.inputOpen = false;
+      this.inputOpen = false; this.accepting = true;
     } else if (m.type === "input") {
       this.inputOpen = m.open;
     } else if (m.type === "audio") {
+      if (!this.accepting) return;
       if (this.state === "idle") this.state = "buffering";
       this.queue.push(m.samples); this.buffered += m.samples.length;
       this.received += m.samples.length; this.streamReceived += m.samples.length;
@@ -36,6 +38,7 @@ class StreamVoxProcessor extends AudioWorkletProcessor {
       if (this.buffered === 0 && this.state !== "idle") this.finish();
     } else if (m.type === "clear") {
       this.queue = []; this.offset = 0; this.buffered = 0; this.ended = true; this.state = "idle";
+      this.accepting = false;
     }
     this.report();
   }
@@ -242,20 +245,23 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.send({type: "conversation.item.create",
                  item: {type: "message", role: "user", content: [{type: "input_text", text}]}});
       this.send({type: "response.create"});
-      this.running = true;
+      this.running = true; this.cancelled = false;
     }
     // Barge-in: stop the running response and drop the audio not played yet.
     cancel() {
       if (this.running) this.send({type: "response.cancel"});
+      this.cancelled = true; // deltas still in flight are dropped
       this.player.clear();
     }
     handle(event) {
       if (event.type === "response.created") { this.responseId = event.response.id; }
       else if (event.type === "response.output_audio.delta") {
+        if (this.cancelled) return this.onEvent(event);
         const n = this.player.pushBase64(event.delta);
         if (this.timing) { this.timing.delta(n); this.onTiming(this.timing.snapshot()); }
       } else if (event.type === "response.done") {
-        this.player.end(); this.responses += 1; this.running = false;
+        if (!this.cancelled) this.player.end();
+        this.responses += 1; this.running = false;
         if (this.timing) {
           this.timing.done = true; this.timing.status = event.response.status;
           this.onTiming(this.timing.snapshot());
@@ -273,6 +279,9 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.onEvent = onEvent || (() => {});
       this.onTiming = onTiming || (() => {});
       this.timing = null; this.ws = null; this.open = false; this.utterances = 0;
+      // Utterances are numbered from 0 in the order they are opened; after a cancel, audio of
+      // utterances opened before it (still in flight) is dropped.
+      this.opened = 0; this.dropBelow = 0; this.current = -1;
     }
     connect() {
       return new Promise((resolve, reject) => {
@@ -282,12 +291,14 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         ws.onopen = () => resolve();
         ws.onmessage = (e) => {
           if (typeof e.data !== "string") {
+            if (this.current < this.dropBelow) return;
             const n = this.player.pushPCM16(e.data);
             if (this.timing) { this.timing.delta(n); this.onTiming(this.timing.snapshot()); }
             return;
           }
           const event = JSON.parse(e.data);
-          if (event.type === "audio.done") {
+          if (event.type === "audio.start") this.current = event.utterance_index;
+          if (event.type === "audio.done" && event.utterance_index >= this.dropBelow) {
             this.player.end(); this.utterances += 1;
             if (this.timing) {
               this.timing.done = true; this.timing.status = event.reason;
@@ -311,13 +322,18 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         this.player.begin();
         this.player.onStarted = () => { if (this.timing) this.timing.playStart = performance.now(); };
         this.player.inputOpen(true);
+        this.opened += 1;
       }
       this.send({type: "input.text", text});
     }
     done() {
       if (this.open) { this.open = false; this.send({type: "input.done"}); this.player.inputOpen(false); }
     }
-    cancel() { this.open = false; this.send({type: "input.cancel"}); this.player.clear(); }
+    // Barge-in: stop the open, running and queued utterances and drop their audio not played yet.
+    cancel() {
+      this.open = false; this.dropBelow = this.opened;
+      this.send({type: "input.cancel"}); this.player.clear();
+    }
     close() { if (this.ws) this.ws.close(1000); }
   }
 
