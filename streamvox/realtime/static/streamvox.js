@@ -104,7 +104,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.carry = null; // an odd trailing byte of a PCM16 delta
       this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, waits: 0, streamReceived: 0, streamPlayed: 0,
                     buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none",
-                    streamBytes: 0, streamHash: 0x811c9dc5};
+                    streamBytes: 0, streamHash: 0x811c9dc5, streamChunks: 0};
     }
 
     // Call from a user gesture (a click) so the AudioContext may start.
@@ -140,7 +140,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
     begin() {
       this.stream += 1; this.carry = null;
       this.stats.streamReceived = 0; this.stats.streamPlayed = 0;
-      this.stats.streamBytes = 0; this.stats.streamHash = 0x811c9dc5;
+      this.stats.streamBytes = 0; this.stats.streamHash = 0x811c9dc5; this.stats.streamChunks = 0;
       this.node.port.postMessage({type: "begin", stream: this.stream});
     }
 
@@ -150,7 +150,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       // FNV-1a (32 bit) of the stream's bytes, so tests can compare what arrived with a reference.
       let hash = this.stats.streamHash;
       for (let i = 0; i < bytes.length; i++) hash = Math.imul(hash ^ bytes[i], 0x01000193) >>> 0;
-      this.stats.streamHash = hash; this.stats.streamBytes += bytes.length;
+      this.stats.streamHash = hash; this.stats.streamBytes += bytes.length; this.stats.streamChunks += 1;
       if (this.carry !== null) {
         const joined = new Uint8Array(bytes.length + 1);
         joined[0] = this.carry; joined.set(bytes, 1); bytes = joined; this.carry = null;
