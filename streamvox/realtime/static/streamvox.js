@@ -102,8 +102,8 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.node = null;
       this.stream = 0;
       this.carry = null; // an odd trailing byte of a PCM16 delta
-      this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, waits: 0, streamReceived: 0, streamPlayed: 0,
-                    buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none",
+      this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, waits: 0,
+                    streamReceived: 0, streamPlayed: 0, buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none",
                     streamBytes: 0, streamHash: 0x811c9dc5, streamChunks: 0};
     }
 
@@ -131,7 +131,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         s[k] = m[k];
       }
       if (m.stream === this.stream) { s.streamReceived = m.streamReceived; s.streamPlayed = m.streamPlayed; }
-      if (m.type === "started") { s.started += 1; if (this.onStarted) this.onStarted(m); }
+      if (m.type === "started") { s.started += 1; if (this.onStarted && m.stream === this.stream) this.onStarted(m); }
       if (m.type === "drained") { s.drained += 1; if (this.onDrained) this.onDrained(m); }
       s.contextState = this.context.state;
       this.onStats(s);
