@@ -55,7 +55,14 @@ from streamvox.realtime.realtime_session import (
     parse_voice,
 )
 from streamvox.realtime.speech import SpeechStats
-from streamvox.realtime.ws_util import OFFLOAD_BYTES, FrameError, Sender, decode_json_event, env_seconds
+from streamvox.realtime.ws_util import (
+    OFFLOAD_BYTES,
+    FrameError,
+    Sender,
+    accepted_subprotocol,
+    decode_json_event,
+    env_seconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -666,8 +673,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     if state.engine.info is None or not state.engine.is_ready:
         await websocket.close(1013, "the speech engine is not ready")
         return
-    subprotocol = "realtime" if "realtime" in websocket.scope.get("subprotocols", []) else None
-    await websocket.accept(subprotocol=subprotocol)
+    await websocket.accept(subprotocol=accepted_subprotocol(websocket, "realtime"))
     dialect = Dialect.BETA if _beta_requested(websocket) else Dialect.GA
     session = RealtimeSession(websocket, state.engine, state.metrics, dialect)
     try:

@@ -51,7 +51,7 @@ from streamvox.realtime.errors import APIError
 from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.speech import SpeechStats
 from streamvox.realtime.speech_params import SpeechParams, parse_speech
-from streamvox.realtime.ws_util import FrameError, Sender, decode_json_event, env_seconds
+from streamvox.realtime.ws_util import FrameError, Sender, accepted_subprotocol, decode_json_event, env_seconds
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
     if state.engine.info is None or not state.engine.is_ready:
         await websocket.close(1013, "the speech engine is not ready")
         return
-    await websocket.accept()
+    await websocket.accept(subprotocol=accepted_subprotocol(websocket))
     session = SpeechStreamSession(websocket, state.engine, state.metrics)
     try:
         await session.run()

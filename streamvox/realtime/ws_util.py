@@ -22,6 +22,19 @@ class FrameError(Exception):
         self.code = code
 
 
+def accepted_subprotocol(websocket: WebSocket, preferred: str | None = None) -> str | None:
+    """The subprotocol to echo: a browser refuses the connection unless one it offered comes back.
+
+    `preferred` when offered, else the first offered protocol that is not the API-key carrier,
+    else the key carrier itself (browsers that only send a key still need an echo).
+    """
+    offered = websocket.scope.get("subprotocols", [])
+    if preferred in offered:
+        return preferred
+    plain = [p for p in offered if not p.startswith("openai-insecure-api-key.")]
+    return (plain or offered or [None])[0]
+
+
 def env_seconds(name: str, default: float) -> float:
     """A duration limit from the environment (lets tests and deployments shorten or lengthen it)."""
     try:
