@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import select
+import selectors
 import signal
 import struct
 import tempfile
@@ -267,7 +267,7 @@ class _Child:
 class EspeakRunner:
     """Runs each eSpeak NG request in a child process forked from a pristine state."""
 
-    def __init__(self, name: str = "espeak", poll_interval_s: float = 0.002) -> None:
+    def __init__(self, name: str = "espeak", poll_interval_s: float = 0.0) -> None:
         self._espeak = EspeakLibrary()
         self._languages = [name for name in self._espeak.languages() if self._espeak.voice_works(name)]
         self._espeak.set_voice("en-us")  # the state every child starts from
@@ -286,6 +286,8 @@ class EspeakRunner:
         self._by_fd: dict[int, str] = {}
         self._poll_interval_s = poll_interval_s
         self._spare: _Child | None = None
+        # Children's audio pipes, registered once (epoll): a step costs O(ready pipes), not O(children).
+        self._selector = selectors.DefaultSelector()
 
     def add(self, request: SpeechRequest) -> None:
         voice = request.voice or request.language or self.info.default_voice
@@ -299,6 +301,7 @@ class EspeakRunner:
         child.input_open = not request.text_complete
         self._children[request.request_id] = child
         self._by_fd[child.audio_fd] = request.request_id
+        self._selector.register(child.audio_fd, selectors.EVENT_READ, request.request_id)
         self._spare = self._fork_child()  # the next request starts without waiting for a fork
 
     def _fork_child(self) -> _Child:
@@ -309,6 +312,7 @@ class EspeakRunner:
         if pid == 0:  # child: synthesise, then leave without running any parent clean-up
             code = 0
             try:
+                self._selector.close()  # the child's copy of the epoll fd; the parent's registrations stay
                 others = [*self._by_fd, *(c.text_fd for c in self._children.values())]
                 if self._spare is not None:
                     others += [self._spare.text_fd, self._spare.audio_fd]
@@ -335,19 +339,28 @@ class EspeakRunner:
     def release(self, request_id: str) -> None:
         if (child := self._children.pop(request_id, None)) is not None:
             del self._by_fd[child.audio_fd]
+            self._selector.unregister(child.audio_fd)
             child.close()
 
     def has_work(self) -> bool:
         return bool(self._children)
 
+    def fileno(self) -> int:
+        """Readable when a child has written: the core waits on it instead of spinning while children run."""
+        return self._selector.fileno()
+
     def step(self, sink: OutputSink) -> None:
-        """Forward whatever audio the children have written, waiting briefly if none has."""
-        readable, _, _ = select.select(list(self._by_fd), [], [], self._poll_interval_s)
-        for fd in readable:
-            request_id = self._by_fd[fd]
-            child = self._children[request_id]
+        """Forward whatever audio the children have written (waiting up to `poll_interval_s` if none has).
+
+        The core calls this when `fileno()` is readable, so by default it never waits.
+        """
+        for key, _ in self._selector.select(self._poll_interval_s):
+            request_id = key.data
+            child = self._children.get(request_id)
+            if child is None:  # released earlier in this step
+                continue
             try:
-                data = os.read(fd, 1 << 20)
+                data = os.read(key.fd, 1 << 20)
             except BlockingIOError:
                 continue
             child.buffer += data
