@@ -39,6 +39,10 @@ _BUFFER_MS = 50
 _DEFAULT_WPM = 175
 _MIN_WPM, _MAX_WPM = 80, 450
 _MAX_CLAUSE_WORDS = 24
+# Once a child has written its first audio it drops to this niceness: synthesis runs far faster than
+# real time, so the rest of it is background work that must not delay the event loop, the core, or
+# another request's first packet (which its own child still computes at normal priority).
+_BACKGROUND_NICE = 10
 
 # OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
 OPENAI_VOICE_ALIASES = {
@@ -218,6 +222,11 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         nonlocal chunks
         chunks += 1
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
+        if chunks == 1:
+            try:
+                os.nice(_BACKGROUND_NICE)
+            except OSError:
+                pass
         return True
 
     final = spec.text_complete
