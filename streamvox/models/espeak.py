@@ -42,7 +42,7 @@ _MAX_CLAUSE_WORDS = 24
 # Once a child has written its first audio it drops to this niceness: synthesis runs far faster than
 # real time, so the rest of it is background work that must not delay the event loop, the core, or
 # another request's first packet (which its own child still computes at normal priority).
-_BACKGROUND_NICE = 10
+_BACKGROUND_NICE = 15
 
 # OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
 OPENAI_VOICE_ALIASES = {
@@ -260,7 +260,8 @@ class _Child:
             _write_frame(self.text_fd, b"")
             self.input_open = False
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close the pipes and kill the process; True if it is already reaped (else reap it later)."""
         for fd in (self.text_fd, self.audio_fd):
             try:
                 os.close(fd)
@@ -270,7 +271,15 @@ class _Child:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(self.pid, 0)
+        return _reaped(self.pid)
+
+
+def _reaped(pid: int) -> bool:
+    """Reap `pid` if it has exited, without waiting: an exiting process can take milliseconds to go."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
 
 
 class EspeakRunner:
@@ -295,6 +304,7 @@ class EspeakRunner:
         self._by_fd: dict[int, str] = {}
         self._poll_interval_s = poll_interval_s
         self._spare: _Child | None = None
+        self._dying: list[int] = []  # killed children not reaped yet
         # Children's audio pipes, registered once (epoll): a step costs O(ready pipes), not O(children).
         self._selector = selectors.DefaultSelector()
 
@@ -349,9 +359,15 @@ class EspeakRunner:
         if (child := self._children.pop(request_id, None)) is not None:
             del self._by_fd[child.audio_fd]
             self._selector.unregister(child.audio_fd)
-            child.close()
+            if not child.close():
+                self._dying.append(child.pid)
+
+    def _reap(self) -> None:
+        self._dying = [pid for pid in self._dying if not _reaped(pid)]
 
     def has_work(self) -> bool:
+        if self._dying:
+            self._reap()
         return bool(self._children)
 
     def fileno(self) -> int:
