@@ -39,10 +39,10 @@ _BUFFER_MS = 50
 _DEFAULT_WPM = 175
 _MIN_WPM, _MAX_WPM = 80, 450
 _MAX_CLAUSE_WORDS = 24
-# Once a child has written its first audio it drops to this niceness: synthesis runs far faster than
-# real time, so the rest of it is background work that must not delay the event loop, the core, or
-# another request's first packet (which its own child still computes at normal priority).
-_BACKGROUND_NICE = 15
+# Once a child has written its first audio it becomes background work (`_to_background`): synthesis
+# runs far faster than real time, so the rest of it must not delay the event loop, the core, or another
+# request's first packet (which that request's child still computes at normal priority).
+_BACKGROUND_NICE = 19  # where SCHED_IDLE is refused
 
 # OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
 OPENAI_VOICE_ALIASES = {
@@ -223,10 +223,7 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         chunks += 1
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
         if chunks == 1:
-            try:
-                os.nice(_BACKGROUND_NICE)
-            except OSError:
-                pass
+            _to_background()
         return True
 
     final = spec.text_complete
@@ -239,6 +236,21 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
             espeak.synthesize(clause, emit)
     _write_frame(audio_fd, b"")
     os.write(audio_fd, _TRAILER.pack(clauses.words, chunks))
+
+
+def _to_background() -> None:
+    """Run this process only when the rest of the server has nothing to run (no privilege needed).
+
+    SCHED_IDLE also lets a waking event loop or engine core preempt it at once, which keeps their
+    latency low however many requests are synthesising. The work is the same, so throughput is too.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(_BACKGROUND_NICE)
+        except OSError:
+            pass
 
 
 class _Child:
