@@ -163,7 +163,8 @@ class EngineCore:
             return
         header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
-        self._outbox.send_multipart(frames, copy=False)
+        # Copied: cheaper than zero-copy at these sizes, whose release is tracked by pyzmq's garbage thread.
+        self._outbox.send_multipart(frames, copy=True)
         self._audio = []
         self._ended = []
 

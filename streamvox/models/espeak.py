@@ -16,6 +16,7 @@ The shared library and its data come from the `espeakng-loader` wheel
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
 import selectors
@@ -341,6 +342,7 @@ class EspeakRunner:
         audio_read, audio_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: synthesise, then leave without running any parent clean-up
+            gc.disable()  # short-lived: a collection would touch (copy-on-write) the whole inherited heap
             code = 0
             try:
                 self._selector.close()  # the child's copy of the epoll fd; the parent's registrations stay
