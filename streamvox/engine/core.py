@@ -30,6 +30,10 @@ from streamvox.models.base import RequestError, Runner
 log = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 500  # also how often an idle core checks that its parent is alive
+# With `first_output_fileno()`, output of requests already streaming is read at most this often, so one
+# step forwards many buffers (fewer wakeups and messages); first packets and control messages still wake
+# the core at once.
+_BATCH_WINDOW_S = 0.002
 
 
 class _Paced:
@@ -173,27 +177,42 @@ class EngineCore:
     def run(self) -> None:
         self._send(m.Ready(self.runner.info))
         runner_fd = self.runner.fileno() if hasattr(self.runner, "fileno") else None
-        poller = zmq.Poller()
+        first_fd = self.runner.first_output_fileno() if hasattr(self.runner, "first_output_fileno") else None
+        poller = zmq.Poller()  # everything
         poller.register(self._inbox, zmq.POLLIN)
         if runner_fd is not None:
             poller.register(runner_fd, zmq.POLLIN)
+        urgent = None  # control messages and first packets only
+        if runner_fd is not None and first_fd is not None:
+            poller.register(first_fd, zmq.POLLIN)
+            urgent = zmq.Poller()
+            urgent.register(self._inbox, zmq.POLLIN)
+            urgent.register(first_fd, zmq.POLLIN)
+        last_step = 0.0
         while True:
             has_work = self.runner.has_work()
+            now = time.monotonic()
+            current = poller
             if not has_work:
-                timeout_ms = _IDLE_POLL_MS
+                timeout = _IDLE_POLL_MS / 1000
             elif runner_fd is None:
-                timeout_ms = 0
+                timeout = 0.0
             else:
-                timeout_ms = math.ceil(min(_IDLE_POLL_MS / 1000, self.pacer.timeout_s(time.monotonic())) * 1000)
-            events = dict(poller.poll(timeout_ms))
+                timeout = min(_IDLE_POLL_MS / 1000, self.pacer.timeout_s(now))
+                quiet = last_step + _BATCH_WINDOW_S - now
+                if urgent is not None and quiet > 0:
+                    current, timeout = urgent, min(timeout, quiet)
+            events = dict(current.poll(math.ceil(timeout * 1000)))
             self._now = time.monotonic()
             if self._inbox in events:
                 if not self._drain_inbox():
                     return
             elif not events and not has_work and os.getppid() != self._parent:
                 return  # the front end is gone
-            if self.runner.has_work() and (runner_fd is None or runner_fd in events):
+            if self.runner.has_work() and (runner_fd is None or current is urgent or len(events) > (
+                    self._inbox in events)):
                 self.runner.step(self)
+                last_step = self._now
             self.pacer.flush_due(self._now, self._audio)
             self._send_outputs()
 

@@ -263,6 +263,7 @@ class _Child:
         self.audio_fd = audio_fd
         self.buffer = bytearray()
         self.input_open = True
+        self.fresh = True  # no audio read yet
 
     def send_text(self, text: str) -> None:
         if self.input_open:
@@ -320,6 +321,9 @@ class EspeakRunner:
         self._dying: list[int] = []  # killed children not reaped yet
         # Children's audio pipes, registered once (epoll): a step costs O(ready pipes), not O(children).
         self._selector = selectors.DefaultSelector()
+        # The subset whose first audio has not come yet: the core watches it even while it lets
+        # the others' output collect for a moment, so a first packet is never held back.
+        self._fresh = selectors.DefaultSelector()
 
     def add(self, request: SpeechRequest) -> None:
         voice = request.voice or request.language or self.info.default_voice
@@ -334,6 +338,7 @@ class EspeakRunner:
         self._children[request.request_id] = child
         self._by_fd[child.audio_fd] = request.request_id
         self._selector.register(child.audio_fd, selectors.EVENT_READ, request.request_id)
+        self._fresh.register(child.audio_fd, selectors.EVENT_READ, request.request_id)
         self._spare = self._fork_child()  # the next request starts without waiting for a fork
 
     def _fork_child(self) -> _Child:
@@ -345,7 +350,8 @@ class EspeakRunner:
             gc.disable()  # short-lived: a collection would touch (copy-on-write) the whole inherited heap
             code = 0
             try:
-                self._selector.close()  # the child's copy of the epoll fd; the parent's registrations stay
+                self._selector.close()  # the child's copies of the epoll fds; the parent's registrations stay
+                self._fresh.close()
                 others = [*self._by_fd, *(c.text_fd for c in self._children.values())]
                 if self._spare is not None:
                     others += [self._spare.text_fd, self._spare.audio_fd]
@@ -373,6 +379,8 @@ class EspeakRunner:
         if (child := self._children.pop(request_id, None)) is not None:
             del self._by_fd[child.audio_fd]
             self._selector.unregister(child.audio_fd)
+            if child.fresh:
+                self._fresh.unregister(child.audio_fd)
             if not child.close():
                 self._dying.append(child.pid)
 
@@ -387,6 +395,10 @@ class EspeakRunner:
     def fileno(self) -> int:
         """Readable when a child has written: the core waits on it instead of spinning while children run."""
         return self._selector.fileno()
+
+    def first_output_fileno(self) -> int:
+        """Readable when a request that has produced nothing yet writes: its first packet is due."""
+        return self._fresh.fileno()
 
     def step(self, sink: OutputSink) -> None:
         """Forward whatever audio the children have written (waiting up to `poll_interval_s` if none has).
@@ -403,6 +415,9 @@ class EspeakRunner:
             except BlockingIOError:
                 continue
             child.buffer += data
+            if child.fresh and len(child.buffer) > _HEADER.size:
+                child.fresh = False
+                self._fresh.unregister(key.fd)
             self._forward(request_id, child, sink, eof=not data)
 
     def _forward(self, request_id: str, child: _Child, sink: OutputSink, eof: bool) -> None:
