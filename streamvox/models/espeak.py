@@ -223,7 +223,7 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         nonlocal chunks
         chunks += 1
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
-        if chunks == 1:
+        if chunks == 1 and final:
             _to_background()
         return True
 
@@ -233,6 +233,8 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
     while not final:
         size = _HEADER.unpack(_read_exact(text_fd, _HEADER.size))[0]
         final = size == 0
+        if final and chunks:
+            _to_background()  # a streaming-text request stays at normal priority while text still comes
         for clause in clauses.add(_read_exact(text_fd, size).decode() if size else "", final):
             espeak.synthesize(clause, emit)
     _write_frame(audio_fd, b"")
