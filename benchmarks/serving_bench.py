@@ -6,6 +6,14 @@ Formulas (as in the upstream Qwen3-TTS serving benchmark):
 
 Starts its own `streamvox serve` unless --url is given. Example:
   python benchmarks/serving_bench.py --model espeak --stream-format sse --concurrency 1 4 16 64
+
+The default client (`--client raw`) speaks HTTP/1.1 over plain asyncio streams,
+one keep-alive connection per worker, because on a small machine httpx's own
+CPU cost competes with the server it measures; `--client httpx` keeps the
+httpx client for comparison. Both time the same events. When the benchmark
+starts the server itself it also reports the CPU time (user + system) that the
+client, the server process (event loop), the engine core and the synthesis
+processes spent per second of audio.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import httpx
+import msgspec
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -62,26 +73,138 @@ async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_r
     return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
 
 
+class _SSEEvent(msgspec.Struct):
+    type: str
+    audio: str = ""
+
+
+_sse_decoder = msgspec.json.Decoder(_SSEEvent)
+
+
+def _b64_size(text: str) -> int:
+    """Decoded size of base64 text, without decoding it."""
+    return len(text) * 3 // 4 - text.count("=", -2)
+
+
+class RawConnection:
+    """A minimal HTTP/1.1 keep-alive client connection on asyncio streams (chunked or sized bodies)."""
+
+    def __init__(self, url: str, headers: dict) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, AsyncIterator[bytes]]:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"{method} {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self.extra}"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+        self.writer.write(head.encode() + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        if headers.get("connection", "").lower() == "close":
+            self.writer = None
+        return status, self._body(headers)
+
+    async def _body(self, headers: dict) -> AsyncIterator[bytes]:
+        reader = self.reader
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readuntil(b"\r\n")
+                    return
+                data = await reader.readexactly(size + 2)
+                yield data[:-2]
+        else:
+            length = int(headers.get("content-length", "0"))
+            if length:
+                yield await reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+async def one_request_raw(connection: RawConnection, body: dict, sse: bool, sample_rate: int) -> dict:
+    """The same timings as `one_request`, over a `RawConnection`."""
+    start = time.perf_counter()
+    ttfp = None
+    pcm_bytes = 0
+    status, chunks = await connection.request("POST", "/v1/audio/speech", msgspec.json.encode(body))
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {b''.join([c async for c in chunks])[:300]!r}")
+    buffer = b""
+    async for chunk in chunks:
+        if sse:
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                payload = _sse_decoder.decode(event[6:] if event.startswith(b"data: ") else event)
+                if payload.type == "speech.audio.delta":
+                    size = _b64_size(payload.audio)
+                    if size and ttfp is None:
+                        ttfp = time.perf_counter() - start
+                    pcm_bytes += size
+        else:
+            if chunk and ttfp is None:
+                ttfp = time.perf_counter() - start
+            pcm_bytes += len(chunk)
+    e2e = time.perf_counter() - start
+    audio_s = pcm_bytes / 2 / sample_rate
+    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
+
+
 async def run_level(url: str, concurrency: int, num_requests: int, args) -> dict:
+    if args.client == "raw":
+        return await _run_level(concurrency, num_requests, args, _raw_worker_factory(url, args))
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=_headers(args)) as client:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(num_requests):
-            queue.put_nowait(i)
-        results = []
+        async def send(body: dict) -> dict:
+            return await one_request(client, body, args.stream_format == "sse", args.sample_rate)
 
-        async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
-                results.append(await one_request(client, _body(args, i), args.stream_format == "sse", args.sample_rate))
+        return await _run_level(concurrency, num_requests, args, lambda: send)
 
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, 4))))  # warm-up, not counted
-        for i in range(num_requests):
-            queue.put_nowait(i)
-        results.clear()
-        wall_start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - wall_start
+
+def _raw_worker_factory(url: str, args):
+    def new_worker():
+        connection = RawConnection(url, _headers(args))
+
+        async def send(body: dict) -> dict:
+            return await one_request_raw(connection, body, args.stream_format == "sse", args.sample_rate)
+
+        return send
+
+    return new_worker
+
+
+async def _run_level(concurrency: int, num_requests: int, args, new_sender) -> dict:
+    """Run `num_requests` requests, `concurrency` at a time, each worker with its own sender (connection)."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(min(concurrency, 4)):
+        queue.put_nowait(i)
+    results = []
+    senders = [new_sender() for _ in range(concurrency)]
+
+    async def worker(send) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            results.append(await send(_body(args, i)))
+
+    await asyncio.gather(*(worker(send) for send in senders[:4]))  # warm-up (a few requests), not counted
+    for i in range(num_requests):
+        queue.put_nowait(i)
+    results.clear()
+    cpu_start = cpu_times(args)
+    wall_start = time.perf_counter()
+    await asyncio.gather(*(worker(send) for send in senders))
+    wall = time.perf_counter() - wall_start
+    cpu = {name: value - cpu_start[name] for name, value in cpu_times(args).items()}
     ttfp = np.array([r["ttfp"] for r in results]) * 1000
     e2e = np.array([r["e2e"] for r in results]) * 1000
     rtf = np.array([r["rtf"] for r in results])
@@ -92,7 +215,42 @@ async def run_level(url: str, concurrency: int, num_requests: int, args) -> dict
             row[f"{name}_p{q}"] = float(np.percentile(values, q))
     row["audio_s_per_s"] = audio / wall
     row["mean_audio_s"] = audio / len(results)
+    for name, seconds in cpu.items():
+        row[f"cpu_ms_per_audio_s_{name}"] = seconds / audio * 1000
     return row
+
+
+def cpu_times(args) -> dict[str, float]:
+    """CPU seconds (user + system) so far: this client, and when known the server, core and synthesis."""
+    times = os.times()
+    result = {"client": times.user + times.system}
+    pid = getattr(args, "server_pid", None)
+    if pid is None:
+        return result
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(p: int) -> list[str]:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    try:
+        result["server"] = (int(stat(pid)[11]) + int(stat(pid)[12])) / tick
+        core = args.core_pid
+        fields = stat(core)
+        result["core"] = (int(fields[11]) + int(fields[12])) / tick
+        # Synthesis processes the core has reaped, plus those still running (the spare, busy ones).
+        children = (int(fields[13]) + int(fields[14])) / tick
+        with open(f"/proc/{core}/task/{core}/children") as f:
+            for child in f.read().split():
+                try:
+                    child_fields = stat(int(child))
+                    children += (int(child_fields[11]) + int(child_fields[12])) / tick
+                except (OSError, ValueError):
+                    pass
+        result["synthesis"] = children
+    except (OSError, ValueError, IndexError):
+        pass
+    return result
 
 
 def _headers(args) -> dict:
@@ -107,23 +265,52 @@ def _body(args, i: int) -> dict:
 
 
 async def loop_lag_under_load(url: str, streams: int, args) -> dict:
-    """Run `streams` concurrent streams and read the server's event-loop lag p99 while they run."""
+    """Run `streams` concurrent streams and read the server's event-loop lag p99 while they run.
+
+    The p99 the server exports covers its last 1000 lag samples (about 10 s); it is read every 0.5 s
+    from the first response onwards, over a new connection each time (an idle keep-alive connection
+    can be closed by the server just as the next request goes out).
+    """
     lag_samples = []
-    async with httpx.AsyncClient(base_url=url, timeout=600, headers=_headers(args),
-                                 limits=httpx.Limits(max_connections=streams + 8)) as client:
-        text = " ".join(TEXTS * 3)
-        body = {**_body(args, 0), "input": text}
-        tasks = [asyncio.create_task(one_request(client, body, args.stream_format == "sse", args.sample_rate))
-                 for _ in range(streams)]
+    text = " ".join(TEXTS * 3)
+    body = {**_body(args, 0), "input": text}
+    sse = args.stream_format == "sse"
+    if args.client == "raw":
+        connections = [RawConnection(url, _headers(args)) for _ in range(streams)]
+        tasks = [asyncio.create_task(one_request_raw(c, body, sse, args.sample_rate)) for c in connections]
+    else:
+        client = httpx.AsyncClient(base_url=url, timeout=600, headers=_headers(args),
+                                   limits=httpx.Limits(max_connections=streams + 8))
+        tasks = [asyncio.create_task(one_request(client, body, sse, args.sample_rate)) for _ in range(streams)]
+    cpu_start = cpu_times(args)
+    wall_start = time.perf_counter()
+    try:
         while not all(t.done() for t in tasks):
             await asyncio.sleep(0.5)
-            metrics = (await client.get("/metrics")).text
+            probe = RawConnection(url, _headers(args))
+            try:
+                status, chunks = await probe.request("GET", "/metrics")
+                metrics = b"".join([c async for c in chunks]).decode()
+            finally:
+                probe.close()
             for line in metrics.splitlines():
                 if line.startswith("streamvox_event_loop_lag_p99_seconds "):
                     lag_samples.append(float(line.split()[1]) * 1000)
-        await asyncio.gather(*tasks)
-    return {"streams": streams, "loop_lag_p99_ms_max": max(lag_samples) if lag_samples else None,
-            "loop_lag_p99_ms_median": float(np.median(lag_samples)) if lag_samples else None}
+        results = await asyncio.gather(*tasks)
+    finally:
+        if args.client != "raw":
+            await client.aclose()
+    wall = time.perf_counter() - wall_start
+    cpu = {name: value - cpu_start[name] for name, value in cpu_times(args).items()}
+    audio = sum(r["audio_s"] for r in results)
+    row = {"streams": streams, "loop_lag_p99_ms_max": max(lag_samples) if lag_samples else None,
+           "loop_lag_p99_ms_median": float(np.median(lag_samples)) if lag_samples else None,
+           "lag_reads": len(lag_samples), "wall_s": wall, "audio_s_per_s": audio / wall,
+           "ttfp_ms_p50": float(np.percentile([r["ttfp"] for r in results], 50)) * 1000,
+           "ttfp_ms_p95": float(np.percentile([r["ttfp"] for r in results], 95)) * 1000}
+    for name, seconds in cpu.items():
+        row[f"cpu_ms_per_audio_s_{name}"] = seconds / audio * 1000
+    return row
 
 
 def hardware() -> str:
@@ -155,13 +342,17 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="one text for every request")
     parser.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
     parser.add_argument("--lag-streams", type=int, default=200, help="0 to skip the event-loop lag run")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw", help="HTTP client (see above)")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     server = None if args.url else start_server("--model", args.model)
     url = args.url or server.url
+    if server is not None:
+        args.server_pid = server.process.pid
+        args.core_pid = httpx.get(f"{url}/health", headers=_headers(args)).json()["engine_pid"]
     args.model_name = args.model_name or httpx.get(f"{url}/v1/models", headers=_headers(args)).json()["data"][0]["id"]
     print(f"# command: {' '.join(sys.argv)}")
-    print(f"# hardware: {hardware()}")
+    print(f"# hardware: {hardware()}; load average before start: {os.getloadavg()[0]:.2f}")
     try:
         rows = []
         for concurrency in args.concurrency:
@@ -182,6 +373,21 @@ def main() -> None:
         print(f"| {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} | {r['ttfp_ms_p99']:.1f} "
               f"| {r['e2e_ms_p50']:.1f} | {r['e2e_ms_p95']:.1f} | {r['rtf_p50']:.4f} | {r['rtf_p95']:.4f} "
               f"| {r['audio_s_per_s']:.1f} |")
+    cpu_rows = [r for r in [*rows, lag] if r and "cpu_ms_per_audio_s_server" in r]
+    if cpu_rows:
+        print("\nCPU ms per audio second (user + system)\n")
+        print("| run | client | server (event loop) | engine core | synthesis |")
+        print("|---|---|---|---|---|")
+        for r in cpu_rows:
+            name = f"c={r['concurrency']}" if "concurrency" in r else f"{r['streams']} streams"
+            print(f"| {name} | {r['cpu_ms_per_audio_s_client']:.2f} | {r['cpu_ms_per_audio_s_server']:.2f} "
+                  f"| {r.get('cpu_ms_per_audio_s_core', float('nan')):.2f} "
+                  f"| {r.get('cpu_ms_per_audio_s_synthesis', float('nan')):.2f} |")
+    if lag:
+        print(f"\nEvent-loop lag p99 while {lag['streams']} streams run: median of {lag['lag_reads']} reads "
+              f"{lag['loop_lag_p99_ms_median']:.1f} ms, max {lag['loop_lag_p99_ms_max']:.1f} ms; "
+              f"TTFP p50 {lag['ttfp_ms_p50']:.0f} ms, p95 {lag['ttfp_ms_p95']:.0f} ms; "
+              f"{lag['audio_s_per_s']:.1f} audio s/s")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "hardware": hardware(), "rows": rows, "lag": lag}, f, indent=1)

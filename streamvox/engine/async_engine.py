@@ -270,28 +270,41 @@ class AsyncEngine:
     def _dispatch(self, frames: list[zmq.Frame]) -> None:
         message = m.output_decoder.decode(frames[0].buffer)
         match message:
+            case m.Outputs(audio=audio, ended=ended):
+                for request_id, frame in zip(audio, frames[1:], strict=True):
+                    self._audio(request_id, frame)
+                for end in ended:
+                    self._end(end)
             case m.AudioDelta(request_id=request_id):
-                stream = self._streams.get(request_id)
-                if stream is None:
-                    return
-                pcm = np.frombuffer(frames[1].buffer, dtype="<f4")
-                stream.buffered_samples += len(pcm)
-                stream.queue.put_nowait(AudioChunk(pcm))
-                if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
-                    self.cancel(request_id, EngineError(
-                        "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
-            case m.Finished(request_id=request_id):
-                if (stream := self._streams.pop(request_id, None)) is not None:
-                    stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
-            case m.Failed(request_id=request_id):
-                if (stream := self._streams.pop(request_id, None)) is not None:
-                    stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
+                self._audio(request_id, frames[1])
+            case m.Finished() | m.Failed():
+                self._end(message)
             case m.Ready(info=info):
                 self.info = info
                 self._ready.set()
                 log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
             case m.CoreCrashed(message=text):
                 log.error("engine core reported a crash: %s", text)
+
+    def _audio(self, request_id: str, frame: zmq.Frame) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        pcm = np.frombuffer(frame.buffer, dtype="<f4")
+        stream.buffered_samples += len(pcm)
+        stream.queue.put_nowait(AudioChunk(pcm))
+        if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
+            self.cancel(request_id, EngineError(
+                "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
+
+    def _end(self, message: m.Finished | m.Failed) -> None:
+        stream = self._streams.pop(message.request_id, None)
+        if stream is None:
+            return
+        if isinstance(message, m.Finished):
+            stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
+        else:
+            stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
 
 
 def new_request_id(prefix: str = "req") -> str:

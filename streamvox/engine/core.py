@@ -1,14 +1,24 @@
-"""The engine core: a busy loop in its own process that drives a model runner.
+"""The engine core: a loop in its own process that drives a model runner.
 
 The loop drains control messages from the front end, then runs one runner
-step when there is work, so a cancellation lands within one step. It blocks
-on the socket only while the runner is idle.
+step when there is work, so a cancellation lands within one step. A runner
+whose work happens elsewhere (eSpeak's child processes) exposes `fileno()`:
+the core then sleeps until that fd or the socket is readable instead of
+spinning, and blocks on the socket alone while the runner is idle.
+
+Audio is paced on the way out (`Pacer`): a request's first delta goes at
+once; later audio is merged while the client still has plenty of audio
+ahead of its playback, so under load the front end handles a few large
+deltas per request instead of one per model buffer. Everything one loop
+iteration produces leaves as one ZMQ message (`messages.Outputs`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 import traceback
 
 import numpy as np
@@ -20,6 +30,107 @@ from streamvox.models.base import RequestError, Runner
 log = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 500  # also how often an idle core checks that its parent is alive
+# With `first_output_fileno()`, output of requests already streaming is read at most this often, so one
+# step forwards many buffers (fewer wakeups and messages); first packets and control messages still wake
+# the core at once.
+_BATCH_WINDOW_S = 0.002
+
+
+class _Paced:
+    """One request's outgoing audio: what was sent (for the client's playback clock) and what waits."""
+
+    __slots__ = ("first_at", "last_at", "sent", "parts", "pending", "deadline")
+
+    def __init__(self) -> None:
+        self.first_at = 0.0
+        self.last_at = 0.0
+        self.sent = 0  # samples
+        self.parts: list[np.ndarray] = []
+        self.pending = 0  # samples
+        self.deadline = math.inf
+
+
+class Pacer:
+    """Decides when each request's audio leaves the core; never reorders or splits samples.
+
+    A request's first audio is sent at once (time to first packet). After that its
+    audio waits while the client has more than `headroom_s` of audio ahead of real-time
+    playback of what it has received, but never past `max_delta_s` of audio, and
+    deltas are at least `min_interval_s` apart, a floor that grows with the number of
+    active requests (at most about `max_deltas_per_s` deltas in all). A request's
+    remaining audio leaves with its end. Concatenated deltas are identical whatever the timing.
+    """
+
+    def __init__(self, sample_rate: int, *, headroom_s: float = 0.5, max_delta_s: float = 1.0,
+                 min_interval_s: float = 0.02, max_deltas_per_s: float = 2000.0) -> None:
+        self.rate = sample_rate
+        self.headroom_s = headroom_s
+        self.max_samples = int(max_delta_s * sample_rate)
+        self.min_interval_s = min_interval_s
+        self.max_deltas_per_s = max_deltas_per_s
+        self._streams: dict[str, _Paced] = {}
+        self._next_deadline = math.inf
+
+    def add(self, request_id: str, pcm: np.ndarray, now: float, out: list[tuple[str, np.ndarray]]) -> None:
+        if not len(pcm):
+            return
+        paced = self._streams.get(request_id)
+        if paced is None:  # the first audio of the request: send at once
+            paced = self._streams[request_id] = _Paced()
+            paced.first_at = paced.last_at = now
+            paced.sent = len(pcm)
+            out.append((request_id, pcm))
+            return
+        paced.parts.append(pcm)
+        paced.pending += len(pcm)
+        if paced.pending >= self.max_samples:
+            self._emit(request_id, paced, now, out)
+        else:
+            paced.deadline = self._deadline(paced)
+            self._next_deadline = min(self._next_deadline, paced.deadline)
+
+    def _interval(self) -> float:
+        return max(self.min_interval_s, len(self._streams) / self.max_deltas_per_s)
+
+    def _deadline(self, paced: _Paced) -> float:
+        playback_low = paced.first_at + paced.sent / self.rate - self.headroom_s
+        return max(paced.last_at + self._interval(), playback_low)
+
+    def _emit(self, request_id: str, paced: _Paced, now: float, out: list[tuple[str, np.ndarray]]) -> None:
+        pcm = paced.parts[0] if len(paced.parts) == 1 else np.concatenate(paced.parts)
+        out.append((request_id, pcm))
+        paced.sent += paced.pending
+        paced.parts = []
+        paced.pending = 0
+        paced.last_at = now
+        paced.deadline = math.inf
+
+    def flush_due(self, now: float, out: list[tuple[str, np.ndarray]]) -> None:
+        """Send the audio whose time has come."""
+        if now < self._next_deadline:
+            return
+        next_deadline = math.inf
+        for request_id, paced in self._streams.items():
+            if paced.pending:
+                if paced.deadline <= now:
+                    self._emit(request_id, paced, now, out)
+                else:
+                    next_deadline = min(next_deadline, paced.deadline)
+        self._next_deadline = next_deadline
+
+    def end(self, request_id: str, now: float, out: list[tuple[str, np.ndarray]]) -> None:
+        """The request finished or failed: its held audio goes now, and its state is dropped."""
+        paced = self._streams.pop(request_id, None)
+        if paced is not None and paced.pending:
+            self._emit(request_id, paced, now, out)
+
+    def drop(self, request_id: str) -> None:
+        """The request was cancelled: its held audio is discarded."""
+        self._streams.pop(request_id, None)
+
+    def timeout_s(self, now: float) -> float:
+        """How long the core may sleep before some held audio is due."""
+        return max(0.0, self._next_deadline - now)
 
 
 class EngineCore:
@@ -33,32 +144,77 @@ class EngineCore:
         self._outbox = self._context.socket(zmq.PUSH)
         self._outbox.connect(output_address)
         self._parent = os.getppid()
+        self.pacer = Pacer(runner.info.sample_rate)
+        self._now = time.monotonic()
+        self._audio: list[tuple[str, np.ndarray]] = []  # this iteration's outgoing deltas
+        self._ended: list[m.Finished | m.Failed] = []
 
     # OutputSink
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
-        header = m.output_encoder.encode(m.AudioDelta(request_id))
-        self._outbox.send_multipart([header, np.ascontiguousarray(pcm, dtype="<f4")], copy=False)
+        self.pacer.add(request_id, pcm, self._now, self._audio)
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
-        self._send(m.Finished(request_id, reason, input_tokens, output_tokens))
+        self.pacer.end(request_id, self._now, self._audio)
+        self._ended.append(m.Finished(request_id, reason, input_tokens, output_tokens))
 
     def failed(self, request_id: str, error: RequestError) -> None:
-        self._send(m.Failed(request_id, error.message, error.code, error.param))
+        self.pacer.end(request_id, self._now, self._audio)
+        self._ended.append(m.Failed(request_id, error.message, error.code, error.param))
+
+    def _send_outputs(self) -> None:
+        if not self._audio and not self._ended:
+            return
+        header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
+        frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
+        # Copied: cheaper than zero-copy at these sizes, whose release is tracked by pyzmq's garbage thread.
+        self._outbox.send_multipart(frames, copy=True)
+        self._audio = []
+        self._ended = []
 
     # loop
 
     def run(self) -> None:
         self._send(m.Ready(self.runner.info))
+        runner_fd = self.runner.fileno() if hasattr(self.runner, "fileno") else None
+        first_fd = self.runner.first_output_fileno() if hasattr(self.runner, "first_output_fileno") else None
+        poller = zmq.Poller()  # everything
+        poller.register(self._inbox, zmq.POLLIN)
+        if runner_fd is not None:
+            poller.register(runner_fd, zmq.POLLIN)
+        urgent = None  # control messages and first packets only
+        if runner_fd is not None and first_fd is not None:
+            poller.register(first_fd, zmq.POLLIN)
+            urgent = zmq.Poller()
+            urgent.register(self._inbox, zmq.POLLIN)
+            urgent.register(first_fd, zmq.POLLIN)
+        last_step = 0.0
         while True:
-            timeout = 0 if self.runner.has_work() else _IDLE_POLL_MS
-            if self._inbox.poll(timeout):
+            has_work = self.runner.has_work()
+            now = time.monotonic()
+            current = poller
+            if not has_work:
+                timeout = _IDLE_POLL_MS / 1000
+            elif runner_fd is None:
+                timeout = 0.0
+            else:
+                timeout = min(_IDLE_POLL_MS / 1000, self.pacer.timeout_s(now))
+                quiet = last_step + _BATCH_WINDOW_S - now
+                if urgent is not None and quiet > 0:
+                    current, timeout = urgent, min(timeout, quiet)
+            events = dict(current.poll(math.ceil(timeout * 1000)))
+            self._now = time.monotonic()
+            if self._inbox in events:
                 if not self._drain_inbox():
                     return
-            elif timeout and os.getppid() != self._parent:
+            elif not events and not has_work and os.getppid() != self._parent:
                 return  # the front end is gone
-            if self.runner.has_work():
+            if self.runner.has_work() and (runner_fd is None or current is urgent or len(events) > (
+                    self._inbox in events)):
                 self.runner.step(self)
+                last_step = self._now
+            self.pacer.flush_due(self._now, self._audio)
+            self._send_outputs()
 
     def _drain_inbox(self) -> bool:
         """Apply every queued control message; False on shutdown."""
@@ -80,10 +236,12 @@ class EngineCore:
                     self.runner.end_input(request_id)
                 case m.Cancel(request_id=request_id):
                     self.runner.release(request_id)
+                    self.pacer.drop(request_id)
                 case m.Shutdown():
                     return False
 
     def _send(self, message: m.CoreOutput) -> None:
+        self._send_outputs()  # keep order: anything queued for the front end goes first
         self._outbox.send(m.output_encoder.encode(message))
 
     def close(self) -> None:

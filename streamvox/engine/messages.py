@@ -51,6 +51,16 @@ class AudioDelta(msgspec.Struct, tag=True):
     request_id: str
 
 
+class Outputs(msgspec.Struct, tag=True):
+    """One engine step's results, in one ZMQ message: a raw float32 PCM frame follows per id in `audio`.
+
+    The front end applies `audio` first, then `ended`, so a request's last audio precedes its end.
+    """
+
+    audio: list[str]
+    ended: list[Finished | Failed] = []
+
+
 class Finished(msgspec.Struct, tag=True):
     request_id: str
     reason: str  # "stop" | "length" | "cancelled"
@@ -71,7 +81,7 @@ class CoreCrashed(msgspec.Struct, tag=True):
     message: str
 
 
-CoreOutput = Ready | AudioDelta | Finished | Failed | CoreCrashed
+CoreOutput = Ready | AudioDelta | Outputs | Finished | Failed | CoreCrashed
 
 input_encoder = msgspec.msgpack.Encoder()
 input_decoder = msgspec.msgpack.Decoder(CoreInput)

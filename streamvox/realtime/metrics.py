@@ -58,6 +58,7 @@ class LoopLagMonitor:
             self._task.cancel()
 
     def p99(self) -> float:
+        """Computed when read (GET /metrics sets the gauge), not on the loop every few samples."""
         return float(np.percentile(self.recent, 99)) if self.recent else 0.0
 
     async def _run(self) -> None:
@@ -67,5 +68,3 @@ class LoopLagMonitor:
             lag = max(0.0, time.perf_counter() - start - self.interval_s)
             self.recent.append(lag)
             self.metrics.loop_lag.observe(lag)
-            if len(self.recent) % 100 == 0:
-                self.metrics.loop_lag_p99.set(self.p99())

@@ -172,12 +172,17 @@ def _sse(payload: dict) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
+def _sse_audio_delta(pcm16: bytes) -> bytes:
+    """`_sse({"type": "speech.audio.delta", "audio": base64})`, byte for byte, without a JSON pass over the audio."""
+    return b'data: {"type":"speech.audio.delta","audio":"' + base64.b64encode(pcm16) + b'"}\n\n'
+
+
 async def _sse_body(first, events, resampler, params: SpeechParams, stats, model_rate) -> AsyncIterator[bytes]:
     async with aclosing(_pcm_deltas(first, events, resampler, stats, model_rate)) as deltas:
         async for item in deltas:
             match item:
                 case bytes():
-                    yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
+                    yield _sse_audio_delta(item)
                 case Done(input_tokens=n_in, output_tokens=n_out):
                     usage = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
                     yield _sse({"type": "speech.audio.done", "usage": usage})
