@@ -19,9 +19,8 @@ from streamvox.models import DEFAULT_MODEL
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from streamvox.realtime.app import ServerSettings, build_app
-
     from streamvox.agent.responder import AgentSettings
+    from streamvox.realtime.app import ServerSettings, build_app
 
     agent = AgentSettings(llm=args.llm, llm_url=args.llm_url, llm_model=args.llm_model, llm_api_key=args.llm_api_key,
                           asr=args.asr, max_tokens=args.llm_max_tokens, context_tokens=args.llm_context_tokens,
