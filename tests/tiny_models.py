@@ -29,14 +29,30 @@ WHISPER_SPECIAL = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transl
                    "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
 
 
-def _train_bpe(special: list[str], vocab_size: int) -> Tokenizer:
+# Words with their punctuation: the LM's tokenizer learns whole "word," / "word." tokens from these, so a clause
+# end (punctuation, then a space) comes every few tokens even when the tokens are drawn at random.
+_CLAUSE_WORDS = ("yes, no, maybe, sure, okay, right, well, hello, thanks, please, sorry, good, fine, great, "
+                 "today, now, then, here, there, first, next, later, again, indeed, really, truly, quickly. "
+                 "yes. no. maybe. sure. okay. right. well. hello. thanks. please. sorry. good. fine. great. "
+                 "today. now. then. here. there. first. next. later. again. indeed. really. truly. quickly, ")
+
+
+def _train_bpe(special: list[str], vocab_size: int, *, byte_level: bool = True) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    if byte_level:  # GPT-2 / Whisper style
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        corpus = _CORPUS * 4
+    else:  # SentencePiece style: "▁word," pieces keep their punctuation
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+        tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="never")
+        alphabet = []
+        corpus = [_CLAUSE_WORDS] * 8 + _CORPUS * 2
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer)
+                                  initial_alphabet=alphabet)
+    tokenizer.train_from_iterator(corpus, trainer)
     return tokenizer
 
 
@@ -56,8 +72,9 @@ def _random_tensors(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.
 def build_tiny_qwen3(directory: Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
     """A 2-layer Qwen3ForCausalLM (head_dim 32, which the CPU attention kernel supports) in HF format."""
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_bpe(QWEN_SPECIAL, vocab_size - 16)
+    tokenizer = _train_bpe(QWEN_SPECIAL, vocab_size - 16, byte_level=False)
     tokenizer.save(str(directory / "tokenizer.json"))
+    vocab_size = tokenizer.get_vocab_size()  # every id the model can sample decodes to text
     eos = tokenizer.token_to_id("<|im_end|>")
     hidden, heads, kv_heads, head_dim, inter, layers = 64, 2, 1, 32, 128, 2
     config = {
@@ -98,6 +115,7 @@ def build_tiny_whisper(directory: Path, *, seed: int = 0, vocab_size: int = 512)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_bpe(WHISPER_SPECIAL, vocab_size - 16)
     tokenizer.save(str(directory / "tokenizer.json"))
+    vocab_size = tokenizer.get_vocab_size()
     vocab = tokenizer.get_vocab()
     plain = {tok: i for tok, i in vocab.items() if tok not in WHISPER_SPECIAL}
     (directory / "vocab.json").write_text(json.dumps(plain))

@@ -6,6 +6,7 @@ user's own text), without a transcriber `input_audio_buffer.commit` is refused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -52,10 +53,13 @@ class Responder:
         self.transcriber: Transcriber | None = VLLMWhisper(settings.asr) if settings.asr else None
 
     async def start(self) -> None:
-        if self.thinker is not None:
-            await self.thinker.start()
-        if self.transcriber is not None:
-            await self.transcriber.start()
+        """Start the stages side by side (each vLLM engine takes a while to spawn its processes)."""
+        stages = [stage for stage in (self.thinker, self.transcriber) if stage is not None]
+        results = await asyncio.gather(*(stage.start() for stage in stages), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                await self.shutdown()
+                raise result
 
     async def shutdown(self) -> None:
         for stage in (self.thinker, self.transcriber):
