@@ -294,6 +294,39 @@ async def test_llm_url_cancel_stops_thinker_and_talker(url_agent, chat_endpoint)
     assert url_agent.metric("streamvox_active_requests") == 0
 
 
+@run_async
+async def test_llm_url_text_only_and_failure(url_agent):
+    async with sdk(url_agent).realtime.connect(model="espeak") as conn:
+        await events_until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 20})
+        await events_until(conn, "session.updated")
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Hi."}]})
+        await conn.response.create()
+        events = await events_until(conn, "response.done")
+        names = types(events)
+        assert "response.output_text.delta" in names and not any(n in AUDIO_DELTAS for n in names)
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert next(e for e in events if e["type"] == "response.output_text.done")["text"] == text.strip()
+        assert events[-1]["response"]["status"] == "completed"
+
+        # The endpoint fails: the response fails with a clear error and the session goes on.
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+        await events_until(conn, "session.updated")
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "__fail__"}]})
+        await conn.response.create()
+        done = (await events_until(conn, "response.done"))[-1]["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["code"] == "thinker_failed"
+        assert "500" in done["status_details"]["error"]["message"]
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Again."}]})
+        await conn.response.create()
+        assert (await events_until(conn, "response.done"))[-1]["response"]["status"] == "completed"
+    assert url_agent.metric("streamvox_active_requests") == 0
+
+
 # --llm and --asr: vLLM inside the server
 
 

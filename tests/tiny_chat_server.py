@@ -91,6 +91,8 @@ def build_app(generator: Generator) -> Starlette:
     async def chat(request: Request):
         body = await request.json()
         generator.stats["last_messages"] = body["messages"]
+        if "__fail__" in body["messages"][-1]["content"]:  # for tests of the failure path
+            return JSONResponse({"error": {"message": "asked to fail", "type": "server_error"}}, status_code=500)
         prompt = chatml(body["messages"])
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 64)
         loop = asyncio.get_running_loop()

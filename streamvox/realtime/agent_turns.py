@@ -29,7 +29,7 @@ from streamvox.codecs.audio_io import Resampler
 from streamvox.codecs.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.engine.async_engine import AudioChunk, Done, EngineError
 from streamvox.engine.request import SpeechRequest
-from streamvox.realtime.realtime_session import Dialect, RealtimeError, event_name, new_id
+from streamvox.realtime.realtime_session import RealtimeError, event_name, new_id
 from streamvox.realtime.speech import SpeechStats
 
 if TYPE_CHECKING:
@@ -115,7 +115,10 @@ async def _pump_thinker(s: RealtimeSession, r: Response, messages: list[dict], i
         r.extra["thinker"]["state"] = "aborted"
         timings["thinker_aborted"] = _ms(t0)
         raise
-    except ThinkerError as error:
+    except Exception as error:  # ThinkerError, or whatever the LLM engine raised (a prompt too long, ...)
+        if not isinstance(error, ThinkerError):
+            log.exception("thinker failed")
+            error = ThinkerError(f"The thinker failed: {error}")
         r.extra["thinker"]["state"] = "failed"
         r.thinker_error = error
         if feed:
@@ -154,6 +157,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
     r.extra["timings_ms"] = {}
     timings = r.extra["timings_ms"]
     messages = await _thinker_messages(s, r)
+    timings["inputs_ready"] = _ms(t0)  # pending transcriptions of the turn are done
     n_in = sum(s.responder.thinker.count_tokens(m["content"]) for m in messages)
     fmt = r.output_format
     resampler = Resampler(s.info.sample_rate, fmt.rate)
@@ -200,8 +204,6 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
                         status, details = "failed", _failed(error)
                         break
                 event = await events.__anext__()
-            else:
-                pass
         except StopAsyncIteration:
             pass
         finally:
@@ -223,6 +225,7 @@ async def think_text(s: RealtimeSession, r: Response, ids: dict) -> tuple[str, d
     t0 = time.perf_counter()
     r.extra["timings_ms"] = {}
     messages = await _thinker_messages(s, r)
+    r.extra["timings_ms"]["inputs_ready"] = _ms(t0)
     n_in = sum(s.responder.thinker.count_tokens(m["content"]) for m in messages)
     spoken: list[str] = []
     status, details = "cancelled", None
@@ -241,8 +244,7 @@ async def think_text(s: RealtimeSession, r: Response, ids: dict) -> tuple[str, d
         status, details = "failed", _failed(r.thinker_error)
     if status == "cancelled":
         details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
-    self_metrics = s.metrics.requests.labels("realtime", status)
-    self_metrics.inc()
+    s.metrics.requests.labels("realtime", status).inc()
     return status, details, _usage(n_in, len(spoken), 0), "".join(spoken).strip()
 
 
@@ -359,7 +361,3 @@ def describe(s: RealtimeSession, session: dict) -> dict:
     if s.responder is not None:
         session.setdefault("streamvox", {}).update(s.responder.describe())
     return session
-
-
-def content_type_for(dialect: Dialect, audio: bool) -> str:
-    return ("output_audio" if audio else "output_text") if dialect is Dialect.GA else ("audio" if audio else "text")
