@@ -353,7 +353,8 @@ def test_bad_input_gets_error_events_and_spares_other_sessions(espeak_server):
 
 
 def test_32_concurrent_sessions_are_isolated(espeak_server):
-    voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "en-gb-x-rp"]
+    voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+              "en-gb-x-rp"]
     words = ["apple", "river", "mountain", "violet", "engine", "harbor", "lantern", "meadow"]
     cases = [(voices[i % len(voices)], f"Session {i} reports: {words[i % 8]} and {words[(3 * i + 1) % 8]}, "
                                        f"then {i * 7} more.") for i in range(32)]

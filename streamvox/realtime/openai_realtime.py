@@ -610,6 +610,9 @@ class RealtimeSession:
                             chunks += 1
                             stats.audio(len(pcm))
                             await send_audio(fmt.encode(resampler.process(pcm)))
+                            # Neither a non-empty engine queue nor an unpaused socket suspends this task;
+                            # yield so the loop reads client events (a cancel) between deltas.
+                            await asyncio.sleep(0)
                         case Done(reason="cancelled"):
                             break
                         case Done() as done:

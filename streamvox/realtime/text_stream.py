@@ -309,6 +309,7 @@ class SpeechStreamSession:
                         case AudioChunk(pcm=pcm):
                             stats.audio(len(pcm))
                             await send_pcm(resampler.process(pcm))
+                            await asyncio.sleep(0)  # let the loop read client messages (input.cancel) between deltas
                         case Done(reason=reason):
                             return reason
                         case EngineError(message=message, code=code, param=param):
