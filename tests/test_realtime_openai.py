@@ -429,3 +429,25 @@ def test_idle_sessions_are_closed():
         asyncio.run(run())
     finally:
         server.stop()
+
+
+def test_abrupt_disconnects_free_engine_requests_and_sessions(espeak_server):
+    async def run():
+        realtime = await RealtimeClient.connect(espeak_server)
+        await realtime.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        await realtime.until("response.output_audio.delta")
+        stream = await websockets.connect(f"{espeak_server.ws_url}/v1/audio/speech/stream")
+        await stream.send(json.dumps({"type": "input.text", "text": LONG_TEXT}))  # input left open
+        assert json.loads(await stream.recv())["type"] == "audio.start"
+        assert espeak_server.metric("streamvox_websocket_sessions") == 2
+        realtime.ws.transport.abort()  # no close handshake
+        stream.transport.abort()
+        for _ in range(100):
+            if espeak_server.metric("streamvox_active_requests") == 0 \
+                    and espeak_server.metric("streamvox_websocket_sessions") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert espeak_server.metric("streamvox_active_requests") == 0
+        assert espeak_server.metric("streamvox_websocket_sessions") == 0
+
+    asyncio.run(run())
