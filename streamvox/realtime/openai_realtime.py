@@ -530,6 +530,14 @@ class RealtimeSession:
     async def _respond(self, r: Response) -> None:
         try:
             await self._run_response(r)
+        except Exception:  # a bug: the client still learns that the response ended
+            log.exception("response %s failed", r.id)
+            if not r.done_sent:
+                r.done_sent = True
+                details = {"type": "failed", "error": {"type": "server_error", "code": "server_error",
+                                                       "message": "The server failed while responding."}}
+                await self.send("response.done", response=self._response_object(r, "failed", [], _usage(0, 0),
+                                                                                 details))
         finally:
             if self.response is r:
                 self.response = None
@@ -605,7 +613,8 @@ class RealtimeSession:
                 return
             await self.send(delta_name, **ids, delta=base64.b64encode(data).decode())
             audio_bytes += len(data)
-            self.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
+            if r.in_conversation:
+                self.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
             if not spoken:  # no word timings: the transcript follows the first audio
                 spoken = r.text
                 await self.send(event_name(self.dialect, "transcript.delta"), **ids, delta=r.text)

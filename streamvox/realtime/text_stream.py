@@ -276,6 +276,11 @@ class SpeechStreamSession:
             self.active = u
             try:
                 await self._speak(u)
+            except Exception:  # a bug: end this utterance visibly, keep serving the next ones
+                log.exception("speech stream utterance %d failed", u.index)
+                await self.send_error("The server failed while speaking the utterance.", "server_error")
+                await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": 0,
+                                        "reason": "error"})
             finally:
                 self.active = None
                 self.last_activity = time.monotonic()
