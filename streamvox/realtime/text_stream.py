@@ -14,6 +14,9 @@ takes streaming text (`ModelInfo.streaming_text`). `session.config` may set
 (clause) as its own request instead; `auto` (the default) does that for models
 without streaming text, and `none` then waits for `input.done`.
 
+An utterance that ends early (`error`, `length`) while its input is open
+drops the text still sent for it until its `input.done`.
+
 `input.cancel` stops the open, the running and every queued utterance (barge-in);
 with nothing to stop it does nothing. `session.close` finishes the open
 utterance as if `input.done` came, lets queued utterances finish, then closes
@@ -122,6 +125,7 @@ class Utterance:
     chars: int = 0
     input_done: bool = False
     cancelled: bool = False
+    finished: bool = False  # spoken (or failed); text still arriving for it is dropped until input.done
     request_id: str | None = None  # the engine request now speaking it
     text_queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # split modes; None ends it
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # input done or cancelled
@@ -235,6 +239,8 @@ class SpeechStreamSession:
             raise StreamError(f"An utterance holds at most {MAX_UTTERANCE_CHARS} characters; the text was dropped.",
                               "utterance_too_long", "text")
         u.chars += len(text)
+        if u.finished:  # it ended early (engine error, length limit): the rest of its text has no audio
+            return
         if u.config.split != "none":
             u.text_queue.put_nowait(text)
         elif u.request_id is not None:
@@ -282,6 +288,7 @@ class SpeechStreamSession:
                 await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": 0,
                                         "reason": "error"})
             finally:
+                u.finished = True
                 self.active = None
                 self.last_activity = time.monotonic()
             if self.sender.closed:
