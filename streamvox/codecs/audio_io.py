@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import struct
 
-import av
 import numpy as np
 import soundfile
 import soxr
@@ -88,6 +87,8 @@ def encoded_sample_rate(sample_rate: int, fmt: str) -> int:
 
 
 def _encode_with_av(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    import av  # FFmpeg is large: loaded only when a compressed format is asked for
+
     rate = encoded_sample_rate(sample_rate, fmt)
     if rate != sample_rate:
         pcm = soxr.resample(pcm, sample_rate, rate)

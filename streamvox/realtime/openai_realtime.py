@@ -7,10 +7,11 @@ barges in) stops it promptly. All sends go through one `Sender`, so events
 never interleave mid-frame, and the events of a response are sent by its task
 alone, in the upstream order.
 
-No thinker LLM and no speech recogniser exist yet: the responder is "echo"
-(it speaks the response's input items, else its instructions, else the latest
-user text), and `input_audio_buffer.commit` is answered with an error. The
-session object says so under `"streamvox": {"responder": "echo", "asr": null}`.
+Without a thinker the responder is "echo" (it speaks the response's input items, else its instructions, else
+the latest user text), and without a speech recogniser `input_audio_buffer.commit` is answered with an error.
+With `serve --llm/--llm-url/--asr`, `agent_turns` (called from here through a few hooks) makes the thinker
+write the reply, transcribes committed audio and runs server VAD with barge-in. The session object says
+which under `"streamvox": {"responder", "thinker", "asr"}`.
 
 Limits (per connection):
 - an event is at most 15 MiB (`MAX_EVENT_BYTES`); larger frames up to the
@@ -41,6 +42,7 @@ from streamvox.codecs.audio_io import Resampler
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.engine.request import SpeechRequest
 from streamvox.realtime import agent_turns
+from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.realtime_session import (
     AudioFormat,
     Dialect,
@@ -232,6 +234,7 @@ class Response:
     request_id: str = field(default_factory=lambda: new_request_id("rt"))
     cancel_reason: str | None = None
     task: asyncio.Task | None = None
+    done_sent: bool = False
     # voice agent (agent_turns): a thinker writes the reply from the conversation
     thinker: bool = False
     input_items: list | None = None
@@ -242,7 +245,7 @@ class Response:
 
 
 class RealtimeSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics, dialect: Dialect,
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics, dialect: Dialect,
                  responder=None) -> None:
         self.websocket = websocket
         self.responder = responder  # streamvox.agent.responder.Responder, or None: echo, no ASR
@@ -538,12 +541,20 @@ class RealtimeSession:
             return
         try:
             await asyncio.wait_for(asyncio.shield(response.task), CANCEL_WAIT_S)
-        except TimeoutError:
+        except TimeoutError:  # stuck behind a client that does not read: end it here
+            log.warning("response %s did not stop within %g s (the client is not reading); cancelling it",
+                        response.id, CANCEL_WAIT_S)
             response.task.cancel()
+            await asyncio.wait([response.task])
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("response task failed")
+        if not response.done_sent:
+            response.done_sent = True
+            details = {"type": "cancelled", "reason": response.cancel_reason}
+            await self.send("response.done", response=self._response_object(
+                response, "cancelled", [], _usage(len(response.text.split()), 0), details))
 
     def _response_object(self, r: Response, status: str, output: list[dict], usage: dict | None = None,
                          status_details: dict | None = None) -> dict:
@@ -564,6 +575,14 @@ class RealtimeSession:
     async def _respond(self, r: Response) -> None:
         try:
             await self._run_response(r)
+        except Exception:  # a bug: the client still learns that the response ended
+            log.exception("response %s failed", r.id)
+            if not r.done_sent:
+                r.done_sent = True
+                details = {"type": "failed", "error": {"type": "server_error", "code": "server_error",
+                                                       "message": "The server failed while responding."}}
+                await self.send("response.done", response=self._response_object(r, "failed", [], _usage(0, 0),
+                                                                                 details))
         finally:
             if self.response is r:
                 self.response = None
@@ -617,6 +636,7 @@ class RealtimeSession:
                 await self.send("conversation.item.done", previous_item_id=previous, item=item)
         if not (r.audio and r.text) and not r.thinker:  # audio responses are counted by their SpeechStats
             self.metrics.requests.labels("realtime", status).inc()
+        r.done_sent = True
         await self.send("response.done", response=self._response_object(r, status, [item], usage, details))
 
     async def _stream_text(self, r: Response, ids: dict) -> tuple[str, dict | None, dict, str]:
@@ -641,7 +661,8 @@ class RealtimeSession:
                 return
             await self.send(delta_name, **ids, delta=base64.b64encode(data).decode())
             audio_bytes += len(data)
-            self.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
+            if r.in_conversation:
+                self.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
             if not spoken:  # no word timings: the transcript follows the first audio
                 spoken = r.text
                 await self.send(event_name(self.dialect, "transcript.delta"), **ids, delta=r.text)

@@ -14,6 +14,9 @@ takes streaming text (`ModelInfo.streaming_text`). `session.config` may set
 (clause) as its own request instead; `auto` (the default) does that for models
 without streaming text, and `none` then waits for `input.done`.
 
+An utterance that ends early (`error`, `length`) while its input is open
+drops the text still sent for it until its `input.done`.
+
 `input.cancel` stops the open, the running and every queued utterance (barge-in);
 with nothing to stop it does nothing. `session.close` finishes the open
 utterance as if `input.done` came, lets queued utterances finish, then closes
@@ -38,12 +41,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 from starlette.websockets import WebSocket
 
 from streamvox.codecs.audio_io import Resampler, to_pcm16
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.models.base import ModelInfo
 from streamvox.realtime.errors import APIError
+from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.speech import SpeechStats
 from streamvox.realtime.speech_params import SpeechParams, parse_speech
 from streamvox.realtime.ws_util import FrameError, Sender, decode_json_event, env_seconds
@@ -120,13 +125,14 @@ class Utterance:
     chars: int = 0
     input_done: bool = False
     cancelled: bool = False
+    finished: bool = False  # spoken (or failed); text still arriving for it is dropped until input.done
     request_id: str | None = None  # the engine request now speaking it
     text_queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # split modes; None ends it
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # input done or cancelled
 
 
 class SpeechStreamSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics) -> None:
         self.websocket = websocket
         self.engine = engine
         self.info = engine.info
@@ -233,6 +239,8 @@ class SpeechStreamSession:
             raise StreamError(f"An utterance holds at most {MAX_UTTERANCE_CHARS} characters; the text was dropped.",
                               "utterance_too_long", "text")
         u.chars += len(text)
+        if u.finished:  # it ended early (engine error, length limit): the rest of its text has no audio
+            return
         if u.config.split != "none":
             u.text_queue.put_nowait(text)
         elif u.request_id is not None:
@@ -274,7 +282,13 @@ class SpeechStreamSession:
             self.active = u
             try:
                 await self._speak(u)
+            except Exception:  # a bug: end this utterance visibly, keep serving the next ones
+                log.exception("speech stream utterance %d failed", u.index)
+                await self.send_error("The server failed while speaking the utterance.", "server_error")
+                await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": 0,
+                                        "reason": "error"})
             finally:
+                u.finished = True
                 self.active = None
                 self.last_activity = time.monotonic()
             if self.sender.closed:
@@ -288,7 +302,7 @@ class SpeechStreamSession:
         stats = SpeechStats(self.metrics, "speech_stream")
         total = 0
 
-        async def send_pcm(pcm) -> None:
+        async def send_pcm(pcm: np.ndarray) -> None:
             nonlocal total
             data = to_pcm16(pcm)
             if data and await self.sender.binary(data):
