@@ -29,6 +29,6 @@ fi
 "$DIR/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 # StreamVox and its test extras on top, keeping vLLM's torch.
 "$DIR/bin/pip" freeze | grep -i '^torch==' > "$DIR/constraints.txt"
-"$DIR/bin/pip" install -q -c "$DIR/constraints.txt" -e "$ROOT[test]"
+"$DIR/bin/pip" install -q -c "$DIR/constraints.txt" -e "$ROOT[test,llm-cpu]"
 "$DIR/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$DIR/bin/python" -c "import vllm, streamvox, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
