@@ -27,11 +27,20 @@ class VadSettings:
 
     @classmethod
     def from_turn_detection(cls, config: dict) -> VadSettings:
+        """Upstream's turn_detection object -> settings; ValueError names a bad field."""
         values = {}
         for key, kind in (("threshold", float), ("prefix_padding_ms", int), ("silence_duration_ms", int),
                           ("create_response", bool), ("interrupt_response", bool)):
-            if config.get(key) is not None:
-                values[key] = kind(config[key])
+            value = config.get(key)
+            if value is None:
+                continue
+            if kind is bool:
+                if not isinstance(value, bool):
+                    raise ValueError(f"'{key}' must be true or false")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e7 \
+                    or (key == "threshold" and value > 1):
+                raise ValueError(f"'{key}' must be a number in range" + (" 0..1" if key == "threshold" else ""))
+            values[key] = kind(value)
         return cls(**values)
 
     @property

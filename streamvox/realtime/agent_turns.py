@@ -336,7 +336,10 @@ async def on_input_audio(s: RealtimeSession, data: bytes) -> None:
         return
     if s.config.input_format.encoding != "pcm16":
         return
-    settings = VadSettings.from_turn_detection(config)
+    try:
+        settings = VadSettings.from_turn_detection(config)
+    except ValueError as exc:
+        raise RealtimeError(f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
     if s.vad is None or s.vad.settings != settings or s.vad_rate != s.config.input_format.rate:
         s.vad, s.vad_rate = EnergyVad(settings, s.config.input_format.rate), s.config.input_format.rate
     for event in s.vad.process(data):
