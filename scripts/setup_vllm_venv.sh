@@ -19,7 +19,7 @@ sys.exit(1 if bad else 0)
 PY
 then
   echo "vllm venv ready: $DIR"
-  "$DIR/bin/pip" install -q --no-deps -e "$ROOT" >/dev/null
+  "$DIR/bin/pip" install -q --no-deps -e "$ROOT" >/dev/null 2>&1  # point it at this checkout
   exit 0
 fi
 

@@ -403,7 +403,7 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
         # both stages freed their state: no thinker request in vLLM, no talker request in the engine
         deadline = time.monotonic() + 10
         while vllm_agent.metric("streamvox_thinker_active_requests") or vllm_agent.metric(
-                "streamvox_active_requests"):
+                "streamvox_active_requests") or vllm_agent.metric("streamvox_asr_active_requests"):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         # the interruption becomes the next turn once the user stops talking
