@@ -27,8 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
                           temperature=args.llm_temperature, seed=args.llm_seed)
     if args.llm and args.llm_url:
         raise SystemExit("streamvox: give --llm or --llm-url, not both")
-    settings = ServerSettings(model=args.model, api_key=args.api_key, exit_on_engine_crash=args.exit_on_engine_crash,
-                              agent=agent)
+    settings = ServerSettings(model=args.model, model_options=_model_options(args), api_key=args.api_key,
+                              exit_on_engine_crash=args.exit_on_engine_crash, agent=agent)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _speak_async(args: argparse.Namespace) -> np.ndarray:
-    engine = AsyncEngine(args.model, restart_on_crash=False)
+    engine = AsyncEngine(args.model, model_options=_model_options(args), restart_on_crash=False)
     await engine.start()
     try:
         request = SpeechRequest(request_id=new_request_id("cli"), text=args.text, voice=args.voice,
@@ -74,13 +74,25 @@ def _speak(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_options(args: argparse.Namespace) -> dict:
+    return {"device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="'espeak' (embedded, default) or a Qwen3-TTS directory / Hugging Face repo id")
+    parser.add_argument("--device", default="auto", help="Qwen3-TTS: cpu, cuda, cuda:N (default: cuda if present)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="Qwen3-TTS talker precision (default: bfloat16 on CUDA, float32 on the CPU)")
+    parser.add_argument("--max-batch", type=int, default=None, help="Qwen3-TTS: concurrent requests in the AR stage")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamvox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the speech API")
-    serve.add_argument("--model", default=DEFAULT_MODEL,
-                       help="'espeak' (embedded, default) or a Qwen3-TTS directory / Hugging Face repo id")
+    _add_model_flags(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
@@ -106,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     speak = commands.add_parser("speak", help="synthesise TEXT into an audio file")
     speak.add_argument("text")
     speak.add_argument("-o", "--output", required=True)
-    speak.add_argument("--model", default=DEFAULT_MODEL)
+    _add_model_flags(speak)
     speak.add_argument("--voice", default=None)
     speak.add_argument("--format", choices=FORMATS, default=None, help="default: from the file name, else wav")
     speak.add_argument("--speed", type=float, default=1.0)

@@ -75,11 +75,13 @@ class AsyncEngine:
         self,
         model: str,
         *,
+        model_options: dict | None = None,
         restart_on_crash: bool = True,
         max_buffered_audio_s: float = 300.0,
         start_timeout_s: float = 600.0,
     ) -> None:
         self.model = model
+        self.model_options = model_options or {}  # keyword arguments of `streamvox.models.load_runner`
         self.restart_on_crash = restart_on_crash
         self.max_buffered_audio_s = max_buffered_audio_s
         self.start_timeout_s = start_timeout_s
@@ -131,7 +133,7 @@ class AsyncEngine:
         self._ready.clear()
         context = multiprocessing.get_context("spawn")
         self._process = context.Process(
-            target=run_engine_core, args=(self.model, input_address, output_address), daemon=True
+            target=run_engine_core, args=(self.model, self.model_options, input_address, output_address), daemon=True
         )
         await asyncio.to_thread(self._process.start)  # spawning pickles and forks: keep it off the loop
         loop = asyncio.get_running_loop()

@@ -92,14 +92,14 @@ class EngineCore:
         self._context.term()
 
 
-def run_engine_core(model: str, input_address: str, output_address: str) -> None:
+def run_engine_core(model: str, model_options: dict, input_address: str, output_address: str) -> None:
     """Process entry point: load the model, then serve until shutdown or a crash."""
     from streamvox.models import load_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     core = None
     try:
-        core = EngineCore(load_runner(model), input_address, output_address)
+        core = EngineCore(load_runner(model, **model_options), input_address, output_address)
         core.run()
     except Exception as exc:  # report, then exit non-zero so the front end notices
         log.error("engine core crashed:\n%s", traceback.format_exc())

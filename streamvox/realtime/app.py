@@ -24,6 +24,7 @@ from streamvox.realtime.text_stream import speech_stream_endpoint
 @dataclass
 class ServerSettings:
     model: str = "espeak"
+    model_options: dict = field(default_factory=dict)  # device, dtype, max_batch for `load_runner`
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
     agent: AgentSettings = field(default_factory=AgentSettings)  # thinker LLM / ASR (voice agent)
@@ -73,7 +74,8 @@ async def metrics(request: Request) -> Response:
 
 
 def build_app(settings: ServerSettings) -> Starlette:
-    state = AppState(settings, AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash))
+    state = AppState(settings, AsyncEngine(settings.model, model_options=settings.model_options,
+                                           restart_on_crash=not settings.exit_on_engine_crash))
     if settings.agent.enabled:
         state.responder = Responder(settings.agent)
         state.responder.register_metrics(state.metrics.registry)

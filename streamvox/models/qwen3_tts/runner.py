@@ -1,0 +1,601 @@
+"""Engine runner for Qwen3-TTS-12Hz: continuous batching over a preallocated KV cache.
+
+Each step:
+1. prefill: requests whose prompt can be built (enough text has arrived) get a free
+   KV slot, run their prompt through the talker and pick their first codebook-0 id;
+2. decode: every request whose next text-track item is known runs one frame: the
+   code predictor fills codebooks 1..15 (batched, fresh 17-position cache), then the
+   talker consumes the frame's summed embeddings plus the text track and picks the
+   next codebook-0 id (batched over slots of different lengths with a key mask).
+   A request still waiting for its next text token is skipped: it burns no pad;
+3. chunking: buffered frames go to the streaming codec decoder in one batched call
+   (first chunk `initial_codec_chunk_frames`, then `codec_chunk_frames`) and the new
+   samples are sent with `sink.audio`.
+Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
+its `_Request` and is dropped on finish, failure or `release`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from streamvox.engine.request import SpeechRequest
+from streamvox.models.base import ModelInfo, OutputSink, RequestError
+from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
+from streamvox.models.qwen3_tts.modeling import DenseCache
+from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
+from streamvox.models.qwen3_tts.speaker import resample
+from streamvox.models.qwen3_tts.text import IncrementalText
+
+TASK_ALIASES = {
+    "custom_voice": "custom_voice", "customvoice": "custom_voice", "custom": "custom_voice",
+    "voice_design": "voice_design", "voicedesign": "voice_design", "design": "voice_design",
+    "base": "base", "voice_clone": "base", "clone": "base",
+}
+MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
+
+
+class StreamingCodec(Protocol):
+    """What the runner needs from the codec decoder (the speech tokenizer's code2wav)."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def samples_per_frame(self) -> int: ...
+
+    def new_stream_state(self) -> Any: ...
+
+    def decode_stream(self, codes_list: list[torch.Tensor], states: list[Any]) -> list[torch.Tensor]:
+        """codes_list[i]: `[G, t_i]` next frames of request i; returns its new samples `[t_i * spf]`."""
+        ...
+
+
+ReferenceEncoder = Callable[[np.ndarray, int], torch.Tensor]  # (pcm, sr) -> LongTensor [T, G]
+
+
+class _SlotCache:
+    """Preallocated keys/values `[layers, slots, kv_heads, max_len, head_dim]`."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+
+class _PrefillView:
+    """One request's prompt written into its slot at positions 0..L-1."""
+
+    def __init__(self, cache: _SlotCache, slot: int) -> None:
+        self.cache, self.slot = cache, slot
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = k.shape[2]
+        self.cache.k[layer, self.slot, :, :n] = k[0]
+        self.cache.v[layer, self.slot, :, :n] = v[0]
+        return k, v
+
+
+class _DecodeView:
+    """One new position per row, each row in its own slot at its own length."""
+
+    def __init__(self, cache: _SlotCache, slots: torch.Tensor, pos: torch.Tensor) -> None:
+        self.cache, self.slots, self.pos = cache, slots, pos
+        self.width = int(pos.max()) + 1
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cache.k[layer, self.slots, :, self.pos] = k[:, :, 0]
+        self.cache.v[layer, self.slots, :, self.pos] = v[:, :, 0]
+        w = self.width
+        return self.cache.k[layer, self.slots, :, :w], self.cache.v[layer, self.slots, :, :w]
+
+    def mask(self) -> torch.Tensor:
+        ar = torch.arange(self.width, device=self.pos.device)
+        return (ar[None, :] <= self.pos[:, None])[:, None, None, :]
+
+
+@dataclass
+class _Request:
+    rid: str
+    spec: VoiceSpec
+    talker_settings: SamplerSettings
+    sub_settings: SamplerSettings
+    generator: torch.Generator | None
+    max_frames: int
+    text: IncrementalText
+    initial_chunk: int | None
+    track: list[int] = field(default_factory=list)
+    text_done: bool = False
+    slot: int | None = None
+    length: int = 0  # positions in the talker cache
+    offset: int | None = None  # text-track index used by the next talker step (None: pad only)
+    hidden: torch.Tensor | None = None  # talker's last hidden state
+    token: int | None = None  # pending codebook-0 id (its frame is not complete yet)
+    history: list[int] = field(default_factory=list)
+    n_frames: int = 0
+    buffer: list[torch.Tensor] = field(default_factory=list)
+    chunks: int = 0
+    codec_state: Any = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    text_tokens: int = 0  # ids of the text to speak (usage: input_tokens)
+    has_words: bool = False  # any non-whitespace text seen
+
+    @property
+    def decoding(self) -> bool:
+        return self.token is not None and self.finish_reason is None
+
+
+class Qwen3TTSRunner:
+    """`Runner` for a Qwen3-TTS-12Hz checkpoint (CustomVoice, VoiceDesign or Base)."""
+
+    def __init__(
+        self,
+        model: Qwen3TTSModel,
+        codec: StreamingCodec | None = None,
+        *,
+        reference_encoder: ReferenceEncoder | None = None,
+        max_batch: int = 16,
+        max_seq_len: int = 2048,
+        codec_chunk_frames: int = 25,
+        max_instruction_tokens: int = 512,
+        max_ref_audio_seconds: float = 60.0,
+        on_frame: Callable[[str, torch.Tensor], None] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.model = model
+        self.codec = codec
+        self.reference_encoder = reference_encoder
+        self.max_batch = max_batch
+        self.codec_chunk_frames = codec_chunk_frames
+        self.max_instruction_tokens = max_instruction_tokens
+        self.max_ref_audio_seconds = max_ref_audio_seconds
+        self.on_frame = on_frame
+        cfg = model.cfg
+        self.task = cfg.tts_model_type or "custom_voice"
+        tc = cfg.talker
+        assert tc.code_predictor is not None
+        self.groups = tc.num_code_groups
+        self.cache = _SlotCache(tc.num_hidden_layers, max_batch, tc.num_key_value_heads, max_seq_len,
+                                tc.head_dim, model.dtype, model.device)
+        self.free_slots = list(range(max_batch))
+        self.requests: dict[str, _Request] = {}
+        self.order: list[str] = []  # admission order (prefill is first come, first served)
+        v = tc.vocab_size
+        self.suppress = torch.zeros(v, dtype=torch.bool, device=model.device)
+        self.suppress[max(0, v - 1024):] = True
+        self.suppress[tc.codec_eos_token_id] = False
+        sr = codec.sample_rate if codec is not None else 24000
+        speakers = sorted(cfg.speakers)
+        self.info = ModelInfo(
+            name=name or (model.model_dir.name if model.model_dir else "qwen3-tts"),
+            family="qwen3_tts",
+            sample_rate=sr,
+            voices=speakers if self.task == "custom_voice" else [],
+            default_voice=speakers[0] if (self.task == "custom_voice" and speakers) else "default",
+            languages=cfg.languages,
+            task_types=[self.task],
+            streaming_text=True,
+            native_speed=False,
+            voice_cloning=self.task == "base",
+        )
+
+    # ------------------------------------------------------------------ admission
+
+    def add(self, request: SpeechRequest) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise RequestError(f"request id {rid!r} is already active", param="request_id")
+        spec = self._voice_spec(request)
+        talker, sub, generator, max_frames = self._sampling(request)
+        if request.initial_codec_chunk_frames is not None and request.initial_codec_chunk_frames < 1:
+            raise RequestError("initial_codec_chunk_frames must be >= 1", param="initial_codec_chunk_frames")
+        if request.text_complete and not request.text.strip():
+            raise RequestError("input text is empty", param="input")
+        req = _Request(
+            rid=rid, spec=spec, talker_settings=talker, sub_settings=sub, generator=generator,
+            max_frames=max_frames, text=IncrementalText(self.model.tokenizer),
+            initial_chunk=request.initial_codec_chunk_frames,
+        )
+        if spec.ref_codes is not None and not spec.non_streaming:
+            req.track = list(spec.ref_text_ids)
+        req.has_words = bool(request.text.strip())
+        if request.text_complete:
+            self._extend(req, req.text.feed(request.text) + req.text.finish())
+            req.text_done = True
+        else:
+            self._extend(req, req.text.feed(request.text))
+        self.requests[rid] = req
+        self.order.append(rid)
+
+    def feed_text(self, request_id: str, text: str) -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.text_done:
+            return
+        req.has_words = req.has_words or bool(text.strip())
+        self._extend(req, req.text.feed(text))
+
+    def end_input(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.text_done:
+            return
+        self._extend(req, req.text.finish())
+        req.text_done = True
+
+    @staticmethod
+    def _extend(req: _Request, ids: list[int]) -> None:
+        req.track += ids
+        req.text_tokens += len(ids)
+
+    def release(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        self.order.remove(request_id)
+        if req.slot is not None:
+            self.free_slots.append(req.slot)
+            req.slot = None
+        req.buffer.clear()
+        req.codec_state = None
+        req.hidden = None
+
+    def _voice_spec(self, r: SpeechRequest) -> VoiceSpec:
+        cfg = self.model.cfg
+        tc = cfg.talker
+        task = self.task
+        if r.task_type:
+            asked = TASK_ALIASES.get(r.task_type.strip().lower().replace("-", "_").replace(" ", "_"))
+            if asked is None:
+                raise RequestError(f"unknown task_type {r.task_type!r}; this model serves {task!r}",
+                                   param="task_type")
+            if asked != task:
+                raise RequestError(f"task_type {asked!r} is not supported by this checkpoint ({task!r})",
+                                   param="task_type")
+        lang = (r.language or "auto").strip().lower()
+        if lang not in cfg.languages:
+            raise RequestError(f"unsupported language {r.language!r}; supported: {', '.join(cfg.languages)}",
+                               param="language")
+        language_id = None if lang == "auto" else int(tc.codec_language_id[lang])
+        spec = VoiceSpec(task=task, language_id=language_id)
+        instructions = (r.instructions or "").strip()
+        if task == "custom_voice":
+            speakers = {k.lower(): k for k in tc.spk_id}
+            voice = (r.voice or self.info.default_voice).strip().lower()
+            if voice not in speakers:
+                raise RequestError(f"unknown voice {r.voice!r}; available: {', '.join(sorted(speakers))}",
+                                   param="voice")
+            key = speakers[voice]
+            spec.speaker_id = tc.spk_id[key]
+            dialect = tc.spk_is_dialect.get(key, False)
+            if lang in ("chinese", "auto") and dialect:
+                spec.language_id = int(tc.codec_language_id[dialect])
+            if cfg.tts_model_size and cfg.tts_model_size in "0b6":
+                instructions = ""  # upstream: the 0.6B CustomVoice model takes no instructions
+            spec.non_streaming = True
+        elif task == "voice_design":
+            spec.non_streaming = True
+        else:
+            instructions = ""  # upstream's voice clone takes no instructions
+            self._reference(r, spec)
+        if instructions:
+            ids = self.model.tokenizer.instruct_ids(instructions)
+            if len(ids) > self.max_instruction_tokens:
+                raise RequestError(
+                    f"instructions are too long ({len(ids)} tokens; at most {self.max_instruction_tokens})",
+                    param="instructions")
+            spec.instruct_ids = ids
+        if not r.text_complete:
+            spec.non_streaming = False  # text arrives while audio is generated
+        return spec
+
+    def _reference(self, r: SpeechRequest, spec: VoiceSpec) -> None:
+        if not r.ref_audio:
+            raise RequestError("voice cloning needs ref_audio (mono float32 PCM)", param="ref_audio")
+        sr = r.ref_sample_rate
+        if not sr or sr <= 0:
+            raise RequestError("ref_sample_rate must be a positive integer", param="ref_sample_rate")
+        if len(r.ref_audio) % 4:
+            raise RequestError("ref_audio is not float32 PCM (length not a multiple of 4 bytes)",
+                               param="ref_audio")
+        pcm = np.frombuffer(r.ref_audio, dtype="<f4").astype(np.float32)
+        if pcm.size < sr // 10 or not np.isfinite(pcm).all():
+            raise RequestError("ref_audio could not be decoded (shorter than 0.1 s or not finite)",
+                               param="ref_audio")
+        if pcm.size > self.max_ref_audio_seconds * sr:
+            raise RequestError(f"ref_audio is longer than {self.max_ref_audio_seconds:g} s",
+                               param="ref_audio")
+        try:
+            spec.speaker_embedding = self.model.speaker_embedding(pcm, sr)
+        except (RuntimeError, ValueError) as e:
+            raise RequestError(f"ref_audio could not be analysed: {e}", param="ref_audio") from e
+        if r.ref_text:
+            if self.reference_encoder is None:
+                raise RequestError("in-context cloning (ref_text) needs the speech tokenizer encoder, "
+                                   "which this deployment lacks; omit ref_text for x-vector cloning",
+                                   param="ref_text")
+            try:
+                codes = self.reference_encoder(pcm, sr)
+            except (RuntimeError, ValueError) as e:
+                raise RequestError(f"ref_audio could not be encoded: {e}", param="ref_audio") from e
+            if codes.dim() != 2 or codes.shape[1] != self.groups or codes.shape[0] == 0:
+                raise RequestError("ref_audio could not be encoded into reference codes", param="ref_audio")
+            spec.ref_codes = codes.long()
+            spec.ref_text_ids = self.model.tokenizer.ref_text_ids(r.ref_text)
+            spec.non_streaming = False  # upstream's voice clone default
+        else:
+            spec.non_streaming = False
+
+    def _sampling(
+        self, r: SpeechRequest
+    ) -> tuple[SamplerSettings, SamplerSettings, torch.Generator | None, int]:
+        g = self.model.generation
+        s = r.sampling
+        temperature = g["temperature"] if s.temperature is None else s.temperature
+        top_k = g["top_k"] if s.top_k is None else s.top_k
+        top_p = g["top_p"] if s.top_p is None else s.top_p
+        rep = g["repetition_penalty"] if s.repetition_penalty is None else s.repetition_penalty
+        max_new = g["max_new_tokens"] if s.max_new_tokens is None else s.max_new_tokens
+        if temperature < 0:
+            raise RequestError("temperature must be >= 0 (0 is greedy)", param="temperature")
+        if top_k < 0:
+            raise RequestError("top_k must be >= 0", param="top_k")
+        if not 0.0 < top_p <= 1.0:
+            raise RequestError("top_p must be in (0, 1]", param="top_p")
+        if rep <= 0:
+            raise RequestError("repetition_penalty must be > 0", param="repetition_penalty")
+        if max_new < 1:
+            raise RequestError("max_new_tokens must be >= 1", param="max_new_tokens")
+        greedy = temperature == 0 or not g.get("do_sample", True)
+        talker = SamplerSettings(0.0 if greedy else float(temperature), int(top_k), float(top_p), float(rep))
+        sub_greedy = temperature == 0 or not g.get("subtalker_dosample", True)
+        sub = SamplerSettings(0.0 if sub_greedy else float(g["subtalker_temperature"]),
+                              int(g["subtalker_top_k"]), float(g["subtalker_top_p"]), 1.0)
+        gen = None
+        if not (talker.greedy and sub.greedy):
+            gen = torch.Generator(device=self.model.device)
+            gen.manual_seed(s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        return talker, sub, gen, int(max_new)
+
+    # ------------------------------------------------------------------ stepping
+
+    def has_work(self) -> bool:
+        for req in self.requests.values():
+            if req.finish_reason is not None or req.buffer and self._chunk_due(req):
+                return True
+            if req.slot is None:
+                if self.free_slots and self.model.prompt_ready(req.spec, req.track, req.text_done):
+                    return True
+            elif req.decoding and self._can_decode(req):
+                return True
+        return False
+
+    @torch.inference_mode()
+    def step(self, sink: OutputSink) -> None:
+        for rid in list(self.order):
+            req = self.requests.get(rid)
+            if req is None or req.slot is not None or req.finish_reason is not None or not self.free_slots:
+                continue
+            if self.model.prompt_ready(req.spec, req.track, req.text_done):
+                try:
+                    self._prefill(req)
+                except RequestError as e:
+                    self.release(rid)
+                    sink.failed(rid, e)
+        batch = [r for r in (self.requests[i] for i in self.order) if r.decoding and self._can_decode(r)]
+        if batch:
+            self._decode(batch)
+        self._emit(sink)
+
+    def _can_decode(self, req: _Request) -> bool:
+        if req.n_frames + 1 >= req.max_frames or req.offset is None:
+            return True  # no text needed (last frame, or pad-only track)
+        return req.text_done or req.offset < len(req.track)
+
+    def _prefill(self, req: _Request) -> None:
+        if req.text_done and not req.has_words:
+            raise RequestError("input text is empty", param="input")
+        prompt = self.model.build_prompt(req.spec, req.track, req.text_done)
+        n = prompt.embeds.shape[0]
+        req.max_frames = min(req.max_frames, self.cache.max_len - n)
+        if req.max_frames < 1:
+            raise RequestError(f"prompt of {n} positions leaves no room in the {self.cache.max_len}-position "
+                               "cache", param="input")
+        req.slot = self.free_slots.pop(0)
+        req.prompt_tokens = n
+        pos = torch.arange(n, device=self.model.device)[None]
+        h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
+        req.length, req.offset = n, prompt.track_offset
+        req.hidden = h[0, -1]
+        logits = self.model.talker.codec_head(req.hidden).float()
+        self._choose(req, logits)
+
+    def _choose(self, req: _Request, logits: torch.Tensor) -> None:
+        """Pick the next codebook-0 id (or end the request on end-of-speech)."""
+        eos = self.model.cfg.talker.codec_eos_token_id
+        history = torch.tensor(req.history, dtype=torch.long, device=logits.device)
+        logits = apply_repetition_penalty(logits, history, req.talker_settings.repetition_penalty)
+        mask = self.suppress
+        if len(req.history) < MIN_NEW_TOKENS:
+            mask = mask.clone()
+            mask[eos] = True
+        logits = logits.masked_fill(mask, float("-inf"))
+        tok = select(logits, req.talker_settings, req.generator)
+        req.history.append(tok)
+        if tok == eos:
+            req.token = None
+            req.finish_reason = "stop"
+        else:
+            req.token = tok
+
+    def _predict_frames(self, batch: list[_Request]) -> torch.Tensor:
+        """Code predictor: codebooks 1..G-1 for each row. Returns frames `[B, G]`."""
+        talker = self.model.talker
+        cp = talker.code_predictor
+        dev = self.model.device
+        first = torch.tensor([r.token for r in batch], dtype=torch.long, device=dev)
+        hidden = torch.stack([r.hidden for r in batch])  # type: ignore[misc]
+        x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
+        cache = DenseCache()
+        all_greedy = all(r.sub_settings.greedy for r in batch)
+        codes = [first]
+        pos = torch.arange(2, device=dev)[None].expand(len(batch), -1)
+        for j in range(self.groups - 1):
+            h = cp.model.run(cp.small_to_mtp_projection(x), pos, cache)
+            logits = cp.lm_head[j](h[:, -1]).float()
+            if all_greedy:
+                tok = logits.argmax(-1)  # one kernel, no per-row host round trips
+            else:
+                picked = [select(logits[i], r.sub_settings, r.generator) for i, r in enumerate(batch)]
+                tok = torch.tensor(picked, dtype=torch.long, device=dev)
+            codes.append(tok)
+            if j + 1 < self.groups - 1:
+                x = cp.model.codec_embedding[j](tok)[:, None]
+                pos = torch.full((len(batch), 1), j + 2, dtype=torch.long, device=dev)
+        return torch.stack(codes, dim=1)
+
+    def _decode(self, batch: list[_Request]) -> None:
+        frames = self._predict_frames(batch)
+        cont: list[_Request] = []
+        rows: list[int] = []
+        for i, req in enumerate(batch):
+            frame = frames[i]
+            req.buffer.append(frame)
+            req.n_frames += 1
+            if self.on_frame is not None:
+                self.on_frame(req.rid, frame)
+            if req.n_frames >= req.max_frames:
+                req.finish_reason = "length"
+                req.token = None
+            else:
+                cont.append(req)
+                rows.append(i)
+        if not cont:
+            return
+        talker = self.model.talker
+        dev = self.model.device
+        x = talker.frame_embed(frames[rows])
+        text = []
+        for req in cont:
+            if req.offset is None:
+                text.append(self.model.tts_pad)
+            else:
+                text.append(self.model.track_embed(req.track, req.offset, req.text_done))
+                req.offset += 1
+        x = (x + torch.stack(text))[:, None]
+        slots = torch.tensor([r.slot for r in cont], dtype=torch.long, device=dev)
+        pos = torch.tensor([r.length for r in cont], dtype=torch.long, device=dev)
+        view = _DecodeView(self.cache, slots, pos)
+        h = talker.model.run(x, pos[:, None], view, view.mask())[:, 0]
+        logits = talker.codec_head(h).float()
+        for i, req in enumerate(cont):
+            req.length += 1
+            req.hidden = h[i]
+            self._choose(req, logits[i])
+
+    # ------------------------------------------------------------------ audio
+
+    def _first_chunk(self, req: _Request) -> int:
+        if req.initial_chunk is not None:
+            return req.initial_chunk
+        # Few concurrent streams: a small first chunk for latency; many: larger, to keep throughput.
+        active = len(self.requests)
+        return min(self.codec_chunk_frames, 2 * max(1, math.ceil(active / 4)))
+
+    def _chunk_due(self, req: _Request) -> bool:
+        if req.finish_reason is not None:
+            return True
+        want = self._first_chunk(req) if req.chunks == 0 else self.codec_chunk_frames
+        return len(req.buffer) >= want
+
+    def _emit(self, sink: OutputSink) -> None:
+        due = [r for r in (self.requests[i] for i in self.order) if (r.buffer and self._chunk_due(r))]
+        if due and self.codec is not None:
+            codes_list, states, drop = [], [], []
+            for req in due:
+                codes = torch.stack(req.buffer, dim=1)  # [G, t]
+                skip = 0
+                if req.codec_state is None:
+                    req.codec_state = self.codec.new_stream_state()
+                    if req.spec.ref_codes is not None:
+                        # Prime the decoder with the reference frames as left context; drop their audio.
+                        ref = req.spec.ref_codes.t().to(codes.device)
+                        codes = torch.cat([ref, codes], dim=1)
+                        skip = ref.shape[1] * self.codec.samples_per_frame
+                codes_list.append(codes)
+                states.append(req.codec_state)
+                drop.append(skip)
+            outs = self.codec.decode_stream(codes_list, states)
+            for req, pcm, skip in zip(due, outs, drop, strict=True):
+                pcm = pcm[skip:].float().cpu().numpy()
+                if pcm.size:
+                    sink.audio(req.rid, pcm)
+        for req in due:
+            req.buffer.clear()
+            req.chunks += 1
+        for rid in list(self.order):
+            req = self.requests[rid]
+            if req.finish_reason is not None and not req.buffer:
+                reason, n_in, n_out = req.finish_reason, req.text_tokens, req.n_frames
+                self.release(rid)
+                sink.finished(rid, reason, n_in, n_out)
+
+
+def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype = torch.float32,
+                **kwargs: Any) -> Qwen3TTSRunner:
+    """Build a runner from a checkpoint directory or HF repo id, with the speech tokenizer's
+    streaming decoder (and reference encoder, for in-context cloning) when they are available."""
+    model = Qwen3TTSModel.from_pretrained(model_path, device=device, dtype=dtype)
+    assert model.model_dir is not None
+    st_dir = model.model_dir / "speech_tokenizer"
+    codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, dtype)
+    ref_enc = kwargs.pop("reference_encoder", None) or _load_reference_encoder(st_dir, device)
+    # A repo id names the model better than its snapshot directory (a commit hash).
+    given = Path(model_path)
+    name = kwargs.pop("name", None) or (given.name if given.is_dir() else str(model_path))
+    return Qwen3TTSRunner(model, codec, reference_encoder=ref_enc, name=name, **kwargs)
+
+
+def _load_codec(st_dir: Path, device: str, dtype: torch.dtype) -> StreamingCodec | None:
+    if not (st_dir / "config.json").exists():
+        return None
+    try:
+        from streamvox.models.qwen3_tts.code2wav import Code2Wav  # the codec helper's module
+    except ImportError:
+        return None
+    return Code2Wav.from_pretrained(st_dir, device=device, dtype=dtype)
+
+
+def _load_reference_encoder(st_dir: Path, device: str) -> ReferenceEncoder | None:
+    """Reference codes for in-context cloning from the speech tokenizer's encoder (the codec side's
+    `codec_encoder` module): its `encode_reference(codes_model, pcm, sr) -> LongTensor[T, 16]` when it
+    offers one, else `CodecEncoder.from_pretrained(dir).encode(pcm_at_its_rate)`."""
+    if not (st_dir / "config.json").exists():
+        return None
+    try:
+        from streamvox.models.qwen3_tts import codec_encoder  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    enc_cls = getattr(codec_encoder, "CodecEncoder", None)
+    if enc_cls is None:
+        return None
+    enc = enc_cls.from_pretrained(st_dir, device=device)
+    custom = getattr(codec_encoder, "encode_reference", None)
+    if custom is not None:
+        return lambda pcm, sr: custom(enc, pcm, sr)
+    rate = int(getattr(enc, "sample_rate", 24000))
+
+    def encode(pcm: np.ndarray, sr: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return enc.encode(torch.from_numpy(resample(pcm, sr, rate))).cpu()
+
+    return encode
