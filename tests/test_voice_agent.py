@@ -14,6 +14,7 @@ import asyncio
 import base64
 import functools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,7 +62,16 @@ def spawn(python: str, *args: str) -> Server:
     port = free_port()
     command = [python, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    return Server(subprocess.Popen(command, cwd=ROOT, env=env), port)
+    # A session of its own: teardown can end whatever the server left (vLLM engine processes outlive a killed
+    # parent).
+    return Server(subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True), port)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def speech_pcm(server: Server, text: str) -> bytes:
@@ -194,6 +204,7 @@ def launched(tmp_path_factory) -> Iterator[Launched]:
     finally:
         for server in (url_agent, vllm_agent):
             server.stop()
+            stop_group(server.process)
         chat.terminate()
         chat.wait(10)
 
