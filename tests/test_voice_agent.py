@@ -299,6 +299,7 @@ async def test_llm_url_cancel_stops_thinker_and_talker(url_agent, chat_endpoint)
         assert done["status"] == "cancelled", done["status_details"]
         assert done["streamvox"]["thinker"]["state"] == "aborted"
         assert done["streamvox"]["thinker"]["deltas"] < 400
+        print("llm-url cancel: thinker", done["streamvox"]["thinker"], "timings (ms)", done["streamvox"]["timings_ms"])
     deadline = time.monotonic() + 10
     while True:
         stats = chat_stats(chat_endpoint)
@@ -411,6 +412,7 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
         assert done["status_details"]["reason"] == "turn_detected"
         thinker = done["streamvox"]["thinker"]
         assert thinker["state"] == "aborted" and thinker["deltas"] < thinker["max_tokens"], thinker
+        print("barge-in: thinker", thinker, "timings (ms)", done["streamvox"]["timings_ms"])
         # both stages freed their state: no thinker request in vLLM, no talker request in the engine
         deadline = time.monotonic() + 10
         while vllm_agent.metric("streamvox_thinker_active_requests") or vllm_agent.metric(
