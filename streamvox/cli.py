@@ -19,10 +19,16 @@ from streamvox.models import DEFAULT_MODEL
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from streamvox.agent.responder import AgentSettings
     from streamvox.realtime.app import ServerSettings, build_app
 
+    agent = AgentSettings(llm=args.llm, llm_url=args.llm_url, llm_model=args.llm_model, llm_api_key=args.llm_api_key,
+                          asr=args.asr, max_tokens=args.llm_max_tokens, context_tokens=args.llm_context_tokens,
+                          temperature=args.llm_temperature, seed=args.llm_seed)
+    if args.llm and args.llm_url:
+        raise SystemExit("streamvox: give --llm or --llm-url, not both")
     settings = ServerSettings(model=args.model, model_options=_model_options(args), api_key=args.api_key,
-                              exit_on_engine_crash=args.exit_on_engine_crash)
+                              exit_on_engine_crash=args.exit_on_engine_crash, agent=agent)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
@@ -94,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--exit-on-engine-crash", action="store_true",
                        help="exit with status 3 when the engine process dies (default: restart it)")
     serve.add_argument("--log-level", default="info")
+    agent = serve.add_argument_group("voice agent (/v1/realtime)")
+    agent.add_argument("--llm", default=None, metavar="DIR_OR_REPO",
+                       help="thinker LLM run by vLLM in this server (needs the 'llm' extra)")
+    agent.add_argument("--llm-url", default=None, metavar="URL",
+                       help="thinker: an external OpenAI-compatible endpoint, e.g. http://host:8001/v1")
+    agent.add_argument("--llm-model", default=None, help="model name at --llm-url (default: its first model)")
+    agent.add_argument("--llm-api-key", default=None, help="bearer key for --llm-url")
+    agent.add_argument("--llm-max-tokens", type=int, default=256, help="longest reply, in tokens")
+    agent.add_argument("--llm-context-tokens", type=int, default=2048,
+                       help="conversation history budget; the oldest turns are dropped past it")
+    agent.add_argument("--llm-temperature", type=float, default=0.7)
+    agent.add_argument("--llm-seed", type=int, default=None)
+    agent.add_argument("--asr", default=None, metavar="DIR_OR_REPO",
+                       help="Whisper-family speech recogniser run by vLLM, for input audio turns")
     serve.set_defaults(run=_serve)
 
     speak = commands.add_parser("speak", help="synthesise TEXT into an audio file")

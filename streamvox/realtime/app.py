@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
+from streamvox.agent.responder import AgentSettings, Responder
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
 from streamvox.realtime.demo_page import demo_routes
@@ -27,6 +28,7 @@ class ServerSettings:
     model_options: dict = field(default_factory=dict)  # device, dtype, max_batch for `load_runner`
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
+    agent: AgentSettings = field(default_factory=AgentSettings)  # thinker LLM / ASR (voice agent)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class AppState:
     lag: LoopLagMonitor | None = None
     engine_exit_code: int | None = None  # set when the engine died and the server must exit
     request_exit: Callable[[], None] | None = None  # set by whoever runs the server
+    responder: Responder | None = None  # thinker and ASR, when the server was started with them
 
 
 async def health(request: Request) -> Response:
@@ -74,7 +77,10 @@ async def metrics(request: Request) -> Response:
 
 def build_app(settings: ServerSettings) -> Starlette:
     state = AppState(settings, AsyncEngine(settings.model, model_options=settings.model_options,
-                                               restart_on_crash=not settings.exit_on_engine_crash))
+                                           restart_on_crash=not settings.exit_on_engine_crash))
+    if settings.agent.enabled:
+        state.responder = Responder(settings.agent)
+        state.responder.register_metrics(state.metrics.registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -83,10 +89,14 @@ def build_app(settings: ServerSettings) -> Starlette:
         if settings.exit_on_engine_crash:
             state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
         await state.engine.start()
+        if state.responder is not None:
+            await state.responder.start()
         try:
             yield
         finally:
             state.lag.stop()
+            if state.responder is not None:
+                await state.responder.shutdown()
             await state.engine.shutdown()
 
     routes = [

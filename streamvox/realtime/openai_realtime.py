@@ -7,10 +7,11 @@ barges in) stops it promptly. All sends go through one `Sender`, so events
 never interleave mid-frame, and the events of a response are sent by its task
 alone, in the upstream order.
 
-No thinker LLM and no speech recogniser exist yet: the responder is "echo"
-(it speaks the response's input items, else its instructions, else the latest
-user text), and `input_audio_buffer.commit` is answered with an error. The
-session object says so under `"streamvox": {"responder": "echo", "asr": null}`.
+Without a thinker the responder is "echo" (it speaks the response's input items, else its instructions, else
+the latest user text), and without a speech recogniser `input_audio_buffer.commit` is answered with an error.
+With `serve --llm/--llm-url/--asr`, `agent_turns` (called from here through a few hooks) makes the thinker
+write the reply, transcribes committed audio and runs server VAD with barge-in. The session object says
+which under `"streamvox": {"responder", "thinker", "asr"}`.
 
 Limits (per connection):
 - an event is at most 15 MiB (`MAX_EVENT_BYTES`); larger frames up to the
@@ -40,6 +41,7 @@ from starlette.websockets import WebSocket
 from streamvox.codecs.audio_io import Resampler
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.engine.request import SpeechRequest
+from streamvox.realtime import agent_turns
 from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.realtime_session import (
     AudioFormat,
@@ -240,11 +242,24 @@ class Response:
     cancel_reason: str | None = None
     task: asyncio.Task | None = None
     done_sent: bool = False
+    # voice agent (agent_turns): a thinker writes the reply from the conversation
+    thinker: bool = False
+    input_items: list | None = None
+    instructions: str = ""
+    extra: dict = field(default_factory=dict)  # sent as response.streamvox (timings, thinker state)
+    thinker_error: Exception | None = None
+    thinker_task: asyncio.Task | None = None
 
 
 class RealtimeSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics, dialect: Dialect) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics, dialect: Dialect,
+                 responder=None) -> None:
         self.websocket = websocket
+        self.responder = responder  # streamvox.agent.responder.Responder, or None: echo, no ASR
+        self.transcriptions: dict[str, asyncio.Task] = {}
+        self.vad = None
+        self.vad_rate = 0
+        self.vad_item_id: str | None = None
         self.engine = engine
         self.info = engine.info
         self.metrics = metrics
@@ -283,7 +298,7 @@ class RealtimeSession:
                                         "param": param, "event_id": client_event_id})
 
     def session_object(self) -> dict:
-        return self.config.render(self.dialect, self.session_id, self.info)
+        return agent_turns.describe(self, self.config.render(self.dialect, self.session_id, self.info))
 
     async def run(self) -> None:
         self.metrics.sessions.inc()
@@ -300,6 +315,7 @@ class RealtimeSession:
                     break
         finally:
             watchdog.cancel()
+            agent_turns.close(self)
             await self._stop_response("client_disconnected", wait=False)
             self.metrics.sessions.dec()
 
@@ -352,8 +368,12 @@ class RealtimeSession:
             raise RealtimeError(f"The input audio buffer would exceed {MAX_INPUT_AUDIO_SECONDS // 60} minutes of "
                                 "audio; commit or clear it first.", code="input_audio_buffer_full", param="audio")
         self.input_audio += data  # upstream sends no acknowledgement
+        await agent_turns.on_input_audio(self, data)
 
     async def input_audio_commit(self, event: dict) -> None:
+        if self.responder is not None and self.responder.transcriber is not None:
+            await agent_turns.commit_audio(self)
+            return
         if not self.input_audio:
             raise RealtimeError("The input audio buffer is empty; append audio before committing.",
                                 code="input_audio_buffer_commit_empty")
@@ -365,6 +385,8 @@ class RealtimeSession:
 
     async def input_audio_clear(self, event: dict) -> None:
         self.input_audio = bytearray()
+        if self.vad is not None:
+            self.vad.reset()
         await self.send("input_audio_buffer.cleared")
 
     # conversation
@@ -465,6 +487,9 @@ class RealtimeSession:
         metadata = params.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise RealtimeError("'response.metadata' must be an object.", param="response.metadata")
+        if self.responder is not None and self.responder.thinker is not None:
+            return self._new_thinker_response(params, voice, output_format, audio, conversation, metadata,
+                                              modalities)
         text = self._response_text(params)
         if len(text) > MAX_RESPONSE_CHARS:
             raise RealtimeError(f"The text to speak is longer than {MAX_RESPONSE_CHARS} characters.",
@@ -472,6 +497,22 @@ class RealtimeSession:
         return Response(id=new_id("resp"), item_id=new_id("item"), text=text, voice=voice, speed=config.speed,
                         output_format=output_format, audio=audio, in_conversation=conversation == "auto",
                         metadata=metadata, modalities=modalities)
+
+    def _new_thinker_response(self, params: dict, voice, output_format, audio, conversation, metadata,
+                              modalities) -> Response:
+        items = params.get("input")
+        if items is not None:
+            if not isinstance(items, list):
+                raise RealtimeError("'response.input' must be a list of items.", param="response.input")
+            items = [entry if isinstance(entry, dict) and entry.get("type") == "item_reference"
+                     else validate_item(entry, f"response.input[{i}]") for i, entry in enumerate(items)]
+        instructions = params.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise RealtimeError("'response.instructions' must be a string.", param="response.instructions")
+        return Response(id=new_id("resp"), item_id=new_id("item"), text="", voice=voice, speed=self.config.speed,
+                        output_format=output_format, audio=audio, in_conversation=conversation == "auto",
+                        metadata=metadata, modalities=modalities, thinker=True, input_items=items,
+                        instructions=instructions if instructions is not None else self.config.instructions)
 
     async def response_create(self, event: dict) -> None:
         response = self._new_response(event.get("response"))
@@ -500,6 +541,8 @@ class RealtimeSession:
         if response.cancel_reason is None:
             response.cancel_reason = reason
             self.engine.cancel(response.request_id)
+            if response.thinker_task is not None:  # a text-only thinker response: stop its LLM request
+                response.thinker_task.cancel()
         if not wait:
             response.task.cancel()
             return
@@ -525,6 +568,8 @@ class RealtimeSession:
         body: dict = {"object": "realtime.response", "id": r.id, "status": status, "status_details": status_details,
                       "output": output, "conversation_id": self.conversation.id if r.in_conversation else None,
                       "usage": usage, "metadata": r.metadata}
+        if r.extra:
+            body["streamvox"] = r.extra
         if self.dialect is Dialect.GA:
             body.update(output_modalities=r.modalities, max_output_tokens=self.config.max_output_tokens,
                         audio={"output": {"format": r.output_format.render(self.dialect), "voice": r.voice}})
@@ -566,7 +611,10 @@ class RealtimeSession:
         part = {"type": "audio", "transcript": ""} if r.audio else {"type": "text", "text": ""}
         await self.send("response.content_part.added", **ids, part=part)
 
-        if not r.text:
+        if r.thinker:
+            think = agent_turns.think_and_speak if r.audio else agent_turns.think_text
+            status, details, usage, spoken = await think(self, r, ids)
+        elif not r.text:
             status, details, usage = "failed", {"type": "failed", "error": {
                 "type": "invalid_request_error", "code": "no_input_text",
                 "message": "There is no text to speak: add a user message with conversation.item.create, or give "
@@ -593,7 +641,7 @@ class RealtimeSession:
             self.conversation.replace(dict(item, content=[dict(content)]))
             if d is Dialect.GA:
                 await self.send("conversation.item.done", previous_item_id=previous, item=item)
-        if not (r.audio and r.text):  # audio responses are counted by their SpeechStats
+        if not (r.audio and r.text) and not r.thinker:  # audio responses are counted by their SpeechStats
             self.metrics.requests.labels("realtime", status).inc()
         r.done_sent = True
         await self.send("response.done", response=self._response_object(r, status, [item], usage, details))
@@ -675,7 +723,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=accepted_subprotocol(websocket, "realtime"))
     dialect = Dialect.BETA if _beta_requested(websocket) else Dialect.GA
-    session = RealtimeSession(websocket, state.engine, state.metrics, dialect)
+    session = RealtimeSession(websocket, state.engine, state.metrics, dialect, getattr(state, "responder", None))
     try:
         await session.run()
     finally:
