@@ -12,6 +12,7 @@ import pytest
 import websockets
 
 from streamvox.codecs.g711 import pcm16_to_alaw, pcm16_to_ulaw
+from streamvox.realtime.openai_realtime import CANCEL_WAIT_S
 from tests.audio_helpers import estimate_duration
 from tests.conftest import start_server
 from tests.realtime_clients import DELTA_TYPES, RealtimeClient, audio_of, reference_pcm
@@ -449,5 +450,60 @@ def test_abrupt_disconnects_free_engine_requests_and_sessions(espeak_server):
             await asyncio.sleep(0.05)
         assert espeak_server.metric("streamvox_active_requests") == 0
         assert espeak_server.metric("streamvox_websocket_sessions") == 0
+
+    asyncio.run(run())
+
+
+def test_output_audio_buffer_clear_and_cancel_by_id(espeak_server):
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        first = await client.until("response.output_audio.delta")
+        response_id = first[-1]["response_id"]
+        await client.send({"type": "response.cancel", "response_id": "resp_other"})
+        assert (await client.until("error"))[-1]["error"]["code"] == "response_cancel_not_active"
+        await client.send({"type": "output_audio_buffer.clear"})
+        events = await client.until("output_audio_buffer.cleared")
+        done = [e for e in events if e["type"] == "response.done"]
+        assert done and done[0]["response"]["status"] == "cancelled"
+        assert events[-1]["response_id"] == response_id
+        assert not [e for e in events[events.index(done[0]):] if e["type"] in DELTA_TYPES]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_beta_text_only_event_names(espeak_server):
+    async def run():
+        client = await RealtimeClient.connect(espeak_server, beta=True)
+        await client.send({"type": "session.update", "session": {"modalities": ["text"]}})
+        assert (await client.expect("session.updated"))["session"]["modalities"] == ["text"]
+        events = await client.say("Text in the beta dialect.")
+        kinds = [e["type"] for e in events]
+        assert "response.text.delta" in kinds and "response.text.done" in kinds
+        assert not [k for k in kinds if "audio" in k]
+        item = events[-1]["response"]["output"][0]
+        assert item["content"] == [{"type": "text", "text": "Text in the beta dialect."}]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_barge_in_on_a_client_that_stopped_reading(espeak_server):
+    """The old response is stuck on backpressure: it still ends with a cancelled response.done, in order."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server, max_queue=1)
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        await asyncio.sleep(2.0)  # not reading: socket buffers fill up, the server's sends block
+        await client.send({"type": "response.create", "response": {"instructions": "Next."}})
+        await asyncio.sleep(CANCEL_WAIT_S + 1.0)  # still not reading: the server gives up waiting for the old task
+        events = await client.until("response.done", timeout=30)
+        old = events[0]["response"]["id"]
+        assert events[-1]["response"]["id"] == old and events[-1]["response"]["status"] == "cancelled"
+        events = await client.until("response.done", timeout=30)
+        assert events[0]["type"] == "response.created" and events[0]["response"]["id"] != old
+        assert events[-1]["response"]["status"] == "completed"
+        assert not [e for e in events if e.get("response_id") == old]
+        await client.close()
 
     asyncio.run(run())

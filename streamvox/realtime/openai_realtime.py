@@ -40,6 +40,7 @@ from starlette.websockets import WebSocket
 from streamvox.codecs.audio_io import Resampler
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.engine.request import SpeechRequest
+from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.realtime_session import (
     AudioFormat,
     Dialect,
@@ -231,10 +232,11 @@ class Response:
     request_id: str = field(default_factory=lambda: new_request_id("rt"))
     cancel_reason: str | None = None
     task: asyncio.Task | None = None
+    done_sent: bool = False
 
 
 class RealtimeSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics, dialect: Dialect) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics, dialect: Dialect) -> None:
         self.websocket = websocket
         self.engine = engine
         self.info = engine.info
@@ -496,12 +498,20 @@ class RealtimeSession:
             return
         try:
             await asyncio.wait_for(asyncio.shield(response.task), CANCEL_WAIT_S)
-        except TimeoutError:
+        except TimeoutError:  # stuck behind a client that does not read: end it here
+            log.warning("response %s did not stop within %g s (the client is not reading); cancelling it",
+                        response.id, CANCEL_WAIT_S)
             response.task.cancel()
+            await asyncio.wait([response.task])
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("response task failed")
+        if not response.done_sent:
+            response.done_sent = True
+            details = {"type": "cancelled", "reason": response.cancel_reason}
+            await self.send("response.done", response=self._response_object(
+                response, "cancelled", [], _usage(len(response.text.split()), 0), details))
 
     def _response_object(self, r: Response, status: str, output: list[dict], usage: dict | None = None,
                          status_details: dict | None = None) -> dict:
@@ -570,6 +580,7 @@ class RealtimeSession:
                 await self.send("conversation.item.done", previous_item_id=previous, item=item)
         if not (r.audio and r.text):  # audio responses are counted by their SpeechStats
             self.metrics.requests.labels("realtime", status).inc()
+        r.done_sent = True
         await self.send("response.done", response=self._response_object(r, status, [item], usage, details))
 
     async def _stream_text(self, r: Response, ids: dict) -> tuple[str, dict | None, dict, str]:

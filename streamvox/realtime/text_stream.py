@@ -38,12 +38,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 from starlette.websockets import WebSocket
 
 from streamvox.codecs.audio_io import Resampler, to_pcm16
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.models.base import ModelInfo
 from streamvox.realtime.errors import APIError
+from streamvox.realtime.metrics import Metrics
 from streamvox.realtime.speech import SpeechStats
 from streamvox.realtime.speech_params import SpeechParams, parse_speech
 from streamvox.realtime.ws_util import FrameError, Sender, decode_json_event, env_seconds
@@ -126,7 +128,7 @@ class Utterance:
 
 
 class SpeechStreamSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics) -> None:
         self.websocket = websocket
         self.engine = engine
         self.info = engine.info
@@ -288,7 +290,7 @@ class SpeechStreamSession:
         stats = SpeechStats(self.metrics, "speech_stream")
         total = 0
 
-        async def send_pcm(pcm) -> None:
+        async def send_pcm(pcm: np.ndarray) -> None:
             nonlocal total
             data = to_pcm16(pcm)
             if data and await self.sender.binary(data):
