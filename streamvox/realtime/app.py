@@ -10,12 +10,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
+from streamvox.realtime.openai_realtime import realtime_endpoint
 from streamvox.realtime.speech import speech, speech_batch
+from streamvox.realtime.text_stream import speech_stream_endpoint
 
 
 @dataclass
@@ -90,6 +92,8 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
+        WebSocketRoute("/v1/realtime", realtime_endpoint),
+        WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
     ]
     middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
