@@ -16,7 +16,9 @@ from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
 from streamvox.realtime.openai_realtime import realtime_endpoint
+from streamvox.realtime.security import MediaPolicy, OriginMiddleware
 from streamvox.realtime.speech import speech, speech_batch
+from streamvox.realtime.speech_params import configure_media_policy
 from streamvox.realtime.text_stream import speech_stream_endpoint
 
 
@@ -25,6 +27,10 @@ class ServerSettings:
     model: str = "espeak"
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
+    max_buffered_audio_s: float = 300.0  # audio queued for a client that stops reading, before it is dropped
+    engine_restart_backoff_max_s: float = 30.0  # longest wait between restarts of an engine that keeps failing
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
+    allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
 
 
 @dataclass
@@ -42,7 +48,11 @@ async def health(request: Request) -> Response:
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
                              "engine_restarts": engine.restarts})
-    return JSONResponse({"status": "unavailable", "engine_restarts": engine.restarts}, status_code=503)
+    body = {"status": "unavailable", "engine_restarts": engine.restarts,
+            "engine_consecutive_failures": engine.consecutive_failures}
+    if (restart_in := engine.restart_in_s) is not None:
+        body["engine_restart_in_s"] = round(restart_in, 3)
+    return JSONResponse(body, status_code=503)
 
 
 async def models(request: Request) -> Response:
@@ -70,7 +80,11 @@ async def metrics(request: Request) -> Response:
 
 
 def build_app(settings: ServerSettings) -> Starlette:
-    state = AppState(settings, AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash))
+    engine = AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash,
+                         max_buffered_audio_s=settings.max_buffered_audio_s,
+                         restart_backoff_max_s=settings.engine_restart_backoff_max_s)
+    state = AppState(settings, engine)
+    configure_media_policy(settings.media)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -95,7 +109,10 @@ def build_app(settings: ServerSettings) -> Starlette:
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
     ]
-    middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
+    # Origin first: a foreign page is refused whether or not it knows the key.
+    middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
+    if settings.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.streamvox = state
     return app
