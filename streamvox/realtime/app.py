@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -79,6 +80,25 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown routes (404) and methods (405) in OpenAI's error shape, like every other error."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = {404: f"No route {request.url.path}.", 405: f"{request.method} is not allowed on {request.url.path}."
+               }.get(exc.status_code, str(exc.detail))
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug: still answer in OpenAI's shape (the traceback goes to the log)."""
+    body = {"error": {"message": "Internal server error.", "type": "server_error", "param": None,
+                      "code": "internal_error"}}
+    return JSONResponse(body, status_code=500)
+
+
+ERROR_HANDLERS = {HTTPException: _http_error, Exception: _server_error}
+
+
 def build_app(settings: ServerSettings) -> Starlette:
     engine = AsyncEngine(settings.model, restart_on_crash=not settings.exit_on_engine_crash,
                          max_buffered_audio_s=settings.max_buffered_audio_s,
@@ -113,7 +133,7 @@ def build_app(settings: ServerSettings) -> Starlette:
     middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     app.state.streamvox = state
     return app
 

@@ -74,7 +74,7 @@ async def read_json(request: Request) -> object:
     body = b"".join(parts)
     try:
         return msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 

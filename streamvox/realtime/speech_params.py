@@ -55,8 +55,11 @@ def _field(body: dict, name: str, kind: type | tuple, default=None):
     if value is None:
         return default
     if kind in (int, float) or kind == (int, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
             raise APIError(400, f"'{name}' must be a number.", name)
+        if isinstance(value, int) and abs(value) > 2**63:  # JSON integers are unbounded; floats are not
+            raise APIError(400, f"'{name}' is out of range.", name)
         if kind is int and value != int(value):
             raise APIError(400, f"'{name}' must be an integer.", name)
         return kind(value) if kind in (int, float) else value
