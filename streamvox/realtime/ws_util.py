@@ -91,5 +91,5 @@ class Sender:
             if self.websocket.application_state == WebSocketState.CONNECTED:
                 try:
                     await self.websocket.close(code, reason)
-                except (RuntimeError, OSError) as exc:
+                except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # the client is already gone
                     log.debug("close failed: %s", exc)
