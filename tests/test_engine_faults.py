@@ -77,9 +77,11 @@ def test_engine_failing_at_restart_backs_off_then_recovers(tmp_path):
         pid = httpx.get(f"{server.url}/health").json()["engine_pid"]
         fault.touch()
         os.kill(pid, signal.SIGKILL)
+        while httpx.get(f"{server.url}/health").status_code == 200:  # until the front end sees the death
+            time.sleep(0.02)
         start = time.monotonic()
         waits, restarts = [], 0
-        while time.monotonic() - start < 7:
+        while time.monotonic() - start < 10:
             health = httpx.get(f"{server.url}/health").json()
             assert health["status"] == "unavailable"
             restarts = health["engine_restarts"]
@@ -87,9 +89,9 @@ def test_engine_failing_at_restart_backs_off_then_recovers(tmp_path):
                 waits.append(health["engine_restart_in_s"])
             time.sleep(0.05)
         failures = health["engine_consecutive_failures"]
-        # Waits 0, 0.5, 1, 2, 2, ...: at most ~5 attempts in 7 s (a tight loop makes one per start, ~0.3 s).
+        # Waits 0, 0.5, 1, 2, 2, ... between attempts (each failing start itself takes ~1-2 s here, to import).
         assert 3 <= restarts <= 6, restarts
-        assert failures >= 3 and max(waits) > 1.0 and max(waits) <= 2.0, (failures, max(waits))
+        assert failures >= 3 and 1.0 < max(waits) <= 2.0, (failures, waits)
         # Server still answers requests with a clean 503 while the engine is down.
         response = httpx.post(f"{server.url}/v1/audio/speech", json={"input": "Anyone there?"})
         assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"

@@ -264,9 +264,13 @@ class AsyncEngine:
                 event = await stream.queue.get()
                 if isinstance(event, AudioChunk):
                     # Merge the audio that queued up meanwhile: under load, fewer and larger deltas.
-                    parts = [event.pcm]
-                    while not stream.queue.empty() and isinstance(stream.queue._queue[0], AudioChunk):
+                    # At most ~1 s per merged delta: a stalled client's backlog is not copied (and written to
+                    # its transport) in one piece, which would multiply its memory several times over.
+                    parts, merged, cap = [event.pcm], len(event.pcm), self.info.sample_rate
+                    while (merged < cap and not stream.queue.empty()
+                           and isinstance(stream.queue._queue[0], AudioChunk)):
                         parts.append(stream.queue.get_nowait().pcm)
+                        merged += len(parts[-1])
                     event = AudioChunk(np.concatenate(parts)) if len(parts) > 1 else event
                     stream.buffered_samples -= len(event.pcm)
                 else:
