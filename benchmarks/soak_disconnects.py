@@ -43,6 +43,9 @@ TEXTS = [
     "Every request keeps its own state, so concurrent streams never bleed into each other. " * 6,
     "Short one.",
 ]
+# RSS is read this long after the server went idle: it trims its heap ~2-4 s after the last request ends
+# (streamvox/realtime/housekeeping.py).
+SETTLE_S = 5.0
 PATTERNS = ["full", "headers", "mid-stream", "mid-stream", "mid-stream", "file", "ws-stream", "ws-realtime"]
 
 
@@ -199,12 +202,12 @@ def soak(server, requests: int, concurrency: int, warmup: int, seed: int = 0, ti
     headers = server.headers()
     asyncio.run(run_soak(server.url, warmup, concurrency, seed + 1, headers))
     wait_idle(server.url, headers)
-    time.sleep(1.0)
+    time.sleep(SETTLE_S)
     engine_pid = httpx.get(f"{server.url}/health", headers=headers).json()["engine_pid"]
     rss_start, engine_start = rss_kib(server.process.pid), tree_rss_kib(engine_pid)
     result = asyncio.run(run_soak(server.url, requests, concurrency, seed, headers, time_limit_s))
     waited, active, sessions = wait_idle(server.url, headers)
-    time.sleep(1.0)
+    time.sleep(SETTLE_S)
     rss_end, engine_end = rss_kib(server.process.pid), tree_rss_kib(engine_pid)
     health = httpx.get(f"{server.url}/health", headers=headers, timeout=10).json()
     after = httpx.post(f"{server.url}/v1/audio/speech", json={"input": "Still fine.", "response_format": "pcm"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
+from streamvox.realtime.housekeeping import trim_when_idle
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
 from streamvox.realtime.openai_realtime import realtime_endpoint
 from streamvox.realtime.security import MediaPolicy, OriginMiddleware
@@ -110,6 +112,8 @@ def build_app(settings: ServerSettings) -> Starlette:
     async def lifespan(app: Starlette):
         state.lag = LoopLagMonitor(state.metrics)
         state.lag.start()
+        housekeeping = asyncio.create_task(trim_when_idle(
+            lambda: state.engine.active_requests == 0 and state.metrics.sessions._value.get() == 0))
         if settings.exit_on_engine_crash:
             state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
         await state.engine.start()
@@ -117,6 +121,7 @@ def build_app(settings: ServerSettings) -> Starlette:
             yield
         finally:
             state.lag.stop()
+            housekeeping.cancel()
             await state.engine.shutdown()
 
     routes = [
