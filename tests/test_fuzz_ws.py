@@ -19,7 +19,7 @@ import websockets.sync.client as ws_client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_fuzz_http import FUZZ, json_values, numbers, run_with_good_stream
+from tests.test_fuzz_http import FUZZ, SEEN, json_values, numbers, run_with_good_stream
 
 EXAMPLES = int(os.environ.get("FUZZ_WS_EXAMPLES", "60"))
 RECV_TIMEOUT_S = 30
@@ -71,11 +71,24 @@ realtime_fields = {
 }
 
 
+VALID_REALTIME = [
+    {"type": "response.create", "response": {"instructions": "Say hello to everyone here."}},
+    {"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Good morning."}]}},
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "nova"}}}},
+    {"type": "session.update", "session": {"voice": "alloy", "output_audio_format": "g711_ulaw"}},
+    {"type": "response.cancel"},
+    {"type": "input_audio_buffer.append", "audio": "AAAAAAAA"},
+]
+
+
 @st.composite
 def realtime_event(draw):
     kind = draw(st.integers(0, 12))
     if kind == 0:
         return draw(st.one_of(st.binary(max_size=50), st.text(max_size=50)))  # a raw (likely invalid) frame
+    if kind in (1, 2):  # valid events, so deep paths (responses, audio, cancels mid-stream) run too
+        return draw(st.sampled_from(VALID_REALTIME))
     event_type = draw(st.sampled_from(REALTIME_TYPES))
     event = {"type": event_type}
     for key, strategy in realtime_fields.get(event_type, {}).items():
@@ -106,16 +119,20 @@ def test_fuzz_realtime_events(espeak_server):
             headers["OpenAI-Beta"] = "realtime=v1"
         with ws_client.connect(f"{server.ws_url}/v1/realtime?model=espeak", additional_headers=headers,
                                max_size=None, open_timeout=10) as ws:
+            SEEN["realtime", "sessions"] += 1
             first = json.loads(ws.recv(RECV_TIMEOUT_S))
             assert first["type"] == "session.created"
             for frame in events:
                 send_frame(ws, frame)
             ws.send(json.dumps({"type": "fuzz.sentinel", "event_id": "sentinel"}))
-            while True:
+            created = finished = 0
+            sentinel_seen = False
+            while not (sentinel_seen and created == finished):  # every response runs to its response.done
                 message = ws.recv(RECV_TIMEOUT_S)
                 assert isinstance(message, str), "the server sent a binary frame on /v1/realtime"
                 event = json.loads(message)
                 assert isinstance(event.get("type"), str) and isinstance(event.get("event_id"), str), event
+                SEEN["realtime", event["type"]] += 1
                 if event["type"] == "error":
                     error = event["error"]
                     assert {"type", "code", "message", "param", "event_id"} <= set(error), error
@@ -123,9 +140,13 @@ def test_fuzz_realtime_events(espeak_server):
                     assert error["code"] != "server_error", f"a handler raised: {events!r} -> {error}"
                     if error["event_id"] == "sentinel":
                         assert error["code"] == "unknown_event_type"
-                        break
+                        sentinel_seen = True
+                created += event["type"] == "response.created"
+                finished += event["type"] == "response.done"
 
     run_with_good_stream(server, check)
+    assert SEEN["realtime", "sessions"] >= EXAMPLES // 2, SEEN
+    assert SEEN["realtime", "response.done"] >= 3 and SEEN["realtime", "session.updated"] >= 3, SEEN
 
 
 TEXT_STREAM_TYPES = ["session.config", "input.text", "input.done", "input.cancel", "bogus"]
@@ -143,6 +164,9 @@ def text_stream_event(draw):
     kind = draw(st.integers(0, 12))
     if kind == 0:
         return draw(st.one_of(st.binary(max_size=50), st.text(max_size=50)))
+    if kind in (1, 2):
+        return draw(st.sampled_from([{"type": "input.text", "text": "Hello there, friend. "}, {"type": "input.done"},
+                                     {"type": "session.config", "voice": "nova", "sample_rate": 16000}]))
     event_type = draw(st.sampled_from(TEXT_STREAM_TYPES))
     event = {"type": event_type}
     if event_type == "session.config":
@@ -150,7 +174,7 @@ def text_stream_event(draw):
     elif event_type == "input.text":
         event["text"] = draw(st.one_of(st.text(max_size=40), st.sampled_from(["Hello there. ", "And more, "]),
                                        json_values))
-    if kind == 1:
+    if kind == 3:
         event[draw(st.text(min_size=1, max_size=6))] = draw(json_values)
     return event
 
@@ -167,8 +191,10 @@ def test_fuzz_text_stream_events(espeak_server):
                 send_frame(ws, frame)
             ws.send(json.dumps({"type": "input.cancel"}))
             ws.send(json.dumps({"type": "fuzz.sentinel"}))
+            SEEN["text_stream", "sessions"] += 1
             started, done = [], []
-            while True:
+            sentinel_seen = False
+            while not (sentinel_seen and len(done) == len(started)):  # every utterance gets its audio.done
                 message = ws.recv(RECV_TIMEOUT_S)
                 if isinstance(message, bytes):
                     assert len(started) == len(done) + 1, "audio outside an utterance"
@@ -181,12 +207,14 @@ def test_fuzz_text_stream_events(espeak_server):
                     assert started and event["utterance_index"] == started[-1] and len(done) == len(started) - 1
                     assert event["reason"] in ("stop", "length", "cancelled", "error")
                     done.append(event["utterance_index"])
+                    SEEN["text_stream", "audio.done"] += 1
                 else:
                     assert event["type"] == "error", event
                     assert isinstance(event["message"], str) and isinstance(event["code"], str), event
                     assert event["code"] != "server_error", f"a handler raised: {events!r} -> {event}"
                     if event["code"] == "unknown_event_type" and "fuzz.sentinel" in event["message"]:
-                        break
+                        sentinel_seen = True
             assert started == sorted(started) and len(set(started)) == len(started)
 
     run_with_good_stream(server, check)
+    assert SEEN["text_stream", "sessions"] >= EXAMPLES // 2 and SEEN["text_stream", "audio.done"] >= 3, SEEN
