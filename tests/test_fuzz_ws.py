@@ -16,7 +16,7 @@ import json
 import os
 
 import websockets.sync.client as ws_client
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_fuzz_http import FUZZ, SEEN, json_values, numbers, run_with_good_stream
@@ -113,6 +113,9 @@ def test_fuzz_realtime_events(espeak_server):
 
     @settings(FUZZ, max_examples=EXAMPLES)
     @given(events=st.lists(realtime_event(), min_size=1, max_size=6), beta=st.booleans())
+    @example(events=[VALID_REALTIME[2], VALID_REALTIME[0]], beta=False)  # the success paths always run
+    @example(events=[VALID_REALTIME[1], VALID_REALTIME[0], VALID_REALTIME[0]], beta=False)
+    @example(events=[VALID_REALTIME[3], VALID_REALTIME[0]], beta=True)
     def check(events, beta):
         headers = dict(server.headers())
         if beta:
@@ -184,6 +187,10 @@ def test_fuzz_text_stream_events(espeak_server):
 
     @settings(FUZZ, max_examples=EXAMPLES)
     @given(events=st.lists(text_stream_event(), min_size=1, max_size=8))
+    @example(events=[{"type": "session.config", "voice": "nova"}, {"type": "input.text", "text": "Hello there. "},
+                     {"type": "input.done"}, {"type": "input.text", "text": "And again."}])
+    @example(events=[{"type": "input.text", "text": "One, "}, {"type": "input.cancel"},
+                     {"type": "input.text", "text": "two."}])
     def check(events):
         with ws_client.connect(f"{server.ws_url}/v1/audio/speech/stream", additional_headers=server.headers(),
                                max_size=None, open_timeout=10) as ws:
