@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,9 +18,12 @@ from streamvox.agent.responder import AgentSettings, Responder
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
 from streamvox.realtime.demo_page import demo_routes
+from streamvox.realtime.housekeeping import trim_when_idle
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
 from streamvox.realtime.openai_realtime import realtime_endpoint
+from streamvox.realtime.security import MediaPolicy, OriginMiddleware
 from streamvox.realtime.speech import speech, speech_batch
+from streamvox.realtime.speech_params import configure_media_policy
 from streamvox.realtime.text_stream import speech_stream_endpoint
 
 
@@ -29,6 +34,10 @@ class ServerSettings:
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
     agent: AgentSettings = field(default_factory=AgentSettings)  # thinker LLM / ASR (voice agent)
+    max_buffered_audio_s: float = 300.0  # audio queued for a client that stops reading, before it is dropped
+    engine_restart_backoff_max_s: float = 30.0  # longest wait between restarts of an engine that keeps failing
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
+    allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
 
 
 @dataclass
@@ -47,7 +56,11 @@ async def health(request: Request) -> Response:
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
                              "engine_restarts": engine.restarts})
-    return JSONResponse({"status": "unavailable", "engine_restarts": engine.restarts}, status_code=503)
+    body = {"status": "unavailable", "engine_restarts": engine.restarts,
+            "engine_consecutive_failures": engine.consecutive_failures}
+    if (restart_in := engine.restart_in_s) is not None:
+        body["engine_restart_in_s"] = round(restart_in, 3)
+    return JSONResponse(body, status_code=503)
 
 
 async def models(request: Request) -> Response:
@@ -75,9 +88,32 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown routes (404) and methods (405) in OpenAI's error shape, like every other error."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = {404: f"No route {request.url.path}.", 405: f"{request.method} is not allowed on {request.url.path}."
+               }.get(exc.status_code, str(exc.detail))
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug: still answer in OpenAI's shape (the traceback goes to the log)."""
+    body = {"error": {"message": "Internal server error.", "type": "server_error", "param": None,
+                      "code": "internal_error"}}
+    return JSONResponse(body, status_code=500)
+
+
+ERROR_HANDLERS = {HTTPException: _http_error, Exception: _server_error}
+
+
 def build_app(settings: ServerSettings) -> Starlette:
-    state = AppState(settings, AsyncEngine(settings.model, model_options=settings.model_options,
-                                           restart_on_crash=not settings.exit_on_engine_crash))
+    engine = AsyncEngine(settings.model, model_options=settings.model_options,
+                         restart_on_crash=not settings.exit_on_engine_crash,
+                         max_buffered_audio_s=settings.max_buffered_audio_s,
+                         restart_backoff_max_s=settings.engine_restart_backoff_max_s)
+    state = AppState(settings, engine)
+    configure_media_policy(settings.media)
     if settings.agent.enabled:
         state.responder = Responder(settings.agent)
         state.responder.register_metrics(state.metrics.registry)
@@ -86,6 +122,8 @@ def build_app(settings: ServerSettings) -> Starlette:
     async def lifespan(app: Starlette):
         state.lag = LoopLagMonitor(state.metrics)
         state.lag.start()
+        housekeeping = asyncio.create_task(trim_when_idle(
+            lambda: state.engine.active_requests == 0 and state.metrics.sessions._value.get() == 0))
         if settings.exit_on_engine_crash:
             state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
         await state.engine.start()
@@ -97,6 +135,7 @@ def build_app(settings: ServerSettings) -> Starlette:
             state.lag.stop()
             if state.responder is not None:
                 await state.responder.shutdown()
+            housekeeping.cancel()
             await state.engine.shutdown()
 
     routes = [
@@ -110,8 +149,11 @@ def build_app(settings: ServerSettings) -> Starlette:
         WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
         *demo_routes(),
     ]
-    middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    # Origin first: a foreign page is refused whether or not it knows the key.
+    middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
+    if settings.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     app.state.streamvox = state
     return app
 

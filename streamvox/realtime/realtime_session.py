@@ -215,7 +215,8 @@ def parse_voice(value: object, info: ModelInfo, param: str) -> str:
 
 
 def parse_speed(value: object, info: ModelInfo, param: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):  # math.isfinite overflows on huge ints
         raise RealtimeError(f"'{param}' must be a number.", param=param)
     if not 0.25 <= value <= 4.0:
         raise RealtimeError(f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)

@@ -60,7 +60,7 @@ async def decode_json_event(message: dict, max_bytes: int) -> dict:
     try:
         event = await asyncio.to_thread(msgspec.json.decode, text) if size > OFFLOAD_BYTES \
             else msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise FrameError(f"The event is not valid JSON: {exc}", "invalid_json") from exc
     if not isinstance(event, dict):
         raise FrameError("An event must be a JSON object.", "invalid_event")
