@@ -195,6 +195,8 @@ class Qwen3TTSRunner:
         self._pending_tok: tuple[torch.Tensor, Any, dict[int, _Request]] | None = None
         self._inflight: list[tuple[Any, torch.Tensor, list[tuple[_Request, int, int]]]] = []
         self.dec_stream = torch.cuda.Stream(model.device) if model.device.type == "cuda" else None
+        if self.dec_stream is not None and hasattr(codec, "check_codes"):
+            codec.check_codes = False  # our codes come from the model's heads: always in range (no host sync)
         if self.stepper is not None and self.stepper.use_graphs:
             warm = os.environ.get("STREAMVOX_QWEN3_WARMUP_WIDTHS", "256,512")
             widths = tuple(width_bucket(int(w), max_seq_len) for w in warm.split(",") if w.strip())
