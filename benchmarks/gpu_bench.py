@@ -228,6 +228,47 @@ def micro(model_dir: str) -> dict:
     return out
 
 
+def profile(model_dir: str) -> dict:
+    """Top CUDA kernels of one eager frame step (B=1) and one 60-position prefill."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runner import _PrefillView, _SlotCache
+
+    model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
+    tc = model.cfg.talker
+    log(f"# talker dtype {model.dtype}, device {model.device}, weight contiguous "
+        f"{model.talker.model.layers[0].mlp.up_proj.weight.is_contiguous()}")
+    lin = model.talker.model.layers[0].mlp.up_proj
+    xin = torch.randn(1, 1, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    ms = _time_cuda(lambda: lin(xin), iters=20)
+    log(f"# one up_proj GEMV ({tuple(lin.weight.shape)}): {ms * 1000:.1f} us "
+        f"(bound {lin.weight.numel() * 2 / COPY_TBS * 1e6:.1f} us)")
+    cache = _SlotCache(tc.num_hidden_layers, 8, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
+                       model.device)
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False)
+    st.active[:1] = True
+    for _ in range(3):
+        st.step(1, 256)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        st.step(1, 256)
+        torch.cuda.synchronize()
+    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+    emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    pos = torch.arange(60, device="cuda")[None]
+    model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+        torch.cuda.synchronize()
+    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+    return {}
+
+
 # ------------------------------------------------------------------------------------------ serve
 
 
@@ -352,6 +393,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -376,7 +418,8 @@ def main() -> None:
             with open(args.json_out, "w") as f:
                 json.dump(results, f, indent=1)
 
-    parts = [("check", lambda: check(args.model, args.device)), ("micro", lambda: micro(args.model)),
+    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device)),
+             ("micro", lambda: micro(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:

@@ -21,13 +21,84 @@ the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 import torch.nn.functional as F
 
-from streamvox.models.qwen3_tts.modeling import DenseCache
 
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
+
+
+def _pre_attn(x, w_ln, w_qkv, w_qn, w_kn, cos, sin, eps: float, nh: int, nkv: int, hd: int):
+    """Input norm, fused q/k/v projection, q/k norms, RoPE: the same arithmetic as modeling.Attention."""
+    b, length, _ = x.shape
+    h = _rms(x, w_ln, eps)
+    q, k, v = F.linear(h, w_qkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q = _rms(q.reshape(b, length, nh, hd), w_qn, eps).transpose(1, 2)
+    k = _rms(k.reshape(b, length, nkv, hd), w_kn, eps).transpose(1, 2)
+    v = v.reshape(b, length, nkv, hd).transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return _rope(q, c, s), _rope(k, c, s), v
+
+
+def _post_attn(x, attn, w_o, w_ln2, w_gu, w_down, eps: float, inter: int):
+    """Output projection + residual, post-attention norm, fused gate/up SwiGLU MLP + residual."""
+    b, length, _ = x.shape
+    x = x + F.linear(attn.transpose(1, 2).reshape(b, length, -1), w_o)
+    g, u = F.linear(_rms(x, w_ln2, eps), w_gu).split([inter, inter], dim=-1)
+    return x + F.linear(F.silu(g) * u, w_down)
+
+
+class _FusedStack:
+    """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs)."""
+
+    def __init__(self, stack, fns) -> None:
+        self.layers = []
+        for layer in stack.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.q_proj.bias is not None:
+                raise ValueError("fused stack: attention biases are not supported")
+            self.layers.append(dict(
+                w_ln=layer.input_layernorm.weight,
+                w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                w_qn=a.q_norm.weight, w_kn=a.k_norm.weight, w_o=a.o_proj.weight,
+                w_ln2=layer.post_attention_layernorm.weight,
+                w_gu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), w_down=m.down_proj.weight,
+            ))
+        a0 = stack.layers[0].self_attn
+        self.eps = stack.layers[0].input_layernorm.eps
+        self.nh, self.nkv, self.hd = a0.heads, a0.kv_heads, a0.head_dim
+        self.inter = stack.layers[0].mlp.gate_proj.weight.shape[0]
+        self.gqa = self.nh != self.nkv
+        self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
+        self.pre, self.post, self.rms = fns
+
+    def layer(self, i: int, x, cos, sin, attend):
+        """One layer; `attend(i, q, k, v) -> attention output [B, heads, L, hd]` owns the cache."""
+        p = self.layers[i]
+        q, k, v = self.pre(x, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, self.eps, self.nh, self.nkv,
+                           self.hd)
+        return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
+
+
+def _compiled_fns(enabled: bool):
+    if not enabled:
+        return _pre_attn, _post_attn, _rms
+    opts = dict(dynamic=True, fullgraph=True)
+    return torch.compile(_pre_attn, **opts), torch.compile(_post_attn, **opts), torch.compile(_rms, **opts)
+
+
+log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 
@@ -44,7 +115,7 @@ def width_bucket(n: int, max_len: int) -> int:
     return min(max(w, WIDTH_STEP), max_len)
 
 
-class _SlotView:
+class _SlotView:  # kept for reference/tests: the unfused equivalent of the fast talker step
     """KV view over slots `[0, rows)`: one new position per row at `pos[row]`; attend to `[0, width)`."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, rows: int, width: int, ar_rows: torch.Tensor,
@@ -78,6 +149,17 @@ class FrameStepper:
         if use_graphs is None:
             use_graphs = dev.type == "cuda" and os.environ.get("STREAMVOX_CUDA_GRAPHS", "1") != "0"
         self.use_graphs = use_graphs
+        compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
+        use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
+        fns = _compiled_fns(use_compile)
+        self.tstack = _FusedStack(self.talker.model, fns)
+        self.pstack = _FusedStack(self.talker.code_predictor.model, fns)
+        pc = self.talker.code_predictor.cfg
+        self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
+                              dtype=model.dtype, device=dev)
+        self.pv = torch.zeros_like(self.pk)
+        ppos = torch.arange(self.groups + 1, device=dev)[None]
+        self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
         # persistent state (index = slot)
         self.hidden = torch.zeros(slots, h, dtype=model.dtype, device=dev)
         self.token = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -147,27 +229,53 @@ class FrameStepper:
         active = self.active[s]
         first = self.token[s]
         hidden = self.hidden[s]
-        # code predictor: codebooks 1..G-1
+        # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
+        ps = self.pstack
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
-        cache = DenseCache()
         codes = [first]
-        pos = self.ar[:2][None].expand(rows, -1)
+        start = 0
         for j in range(self.groups - 1):
-            h = cp.model.run(cp.small_to_mtp_projection(x), pos, cache)
-            tok = cp.lm_head[j](h[:, -1]).float().argmax(-1)
+            n = x.shape[1]
+            end = start + n
+
+            def attend(i, q, k, v, start=start, end=end, n=n):
+                self.pk[i, :rows, :, start:end] = k
+                self.pv[i, :rows, :, start:end] = v
+                return F.scaled_dot_product_attention(q, self.pk[i, :rows, :, :end], self.pv[i, :rows, :, :end],
+                                                      is_causal=n > 1, enable_gqa=ps.gqa)
+
+            cos = self.pcos[:, start:end].expand(rows, -1, -1)
+            sin = self.psin[:, start:end].expand(rows, -1, -1)
+            h = cp.small_to_mtp_projection(x)
+            for i in range(len(ps.layers)):
+                h = ps.layer(i, h, cos, sin, attend)
+            h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
+            tok = cp.lm_head[j](h).float().argmax(-1)
             codes.append(tok)
+            start = end
             if j + 1 < self.groups - 1:
                 x = cp.model.codec_embedding[j](tok)[:, None]
-                pos = (self.ar[j + 2 : j + 3])[None].expand(rows, -1)
         frames = torch.stack(codes, dim=1)
         self.frames[s] = frames
         # talker: one position per row
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
-        view = _SlotView(self.cache.k, self.cache.v, rows, width, self.ar[s], p)
         ar_w = torch.arange(width, device=self.device)
         mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
-        h = talker.model.run(x[:, None], p[:, None], view, mask)[:, 0]
+        ts = self.tstack
+        kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
+
+        def attend_t(i, q, k, v):
+            kc[i, rix, :, p] = k[:, :, 0]
+            vc[i, rix, :, p] = v[:, :, 0]
+            return F.scaled_dot_product_attention(q, kc[i, :rows, :, :width], vc[i, :rows, :, :width],
+                                                  attn_mask=mask, enable_gqa=ts.gqa)
+
+        cos, sin = talker.model.rotary(p[:, None], x.dtype)
+        h = x[:, None]
+        for i in range(len(ts.layers)):
+            h = ts.layer(i, h, cos, sin, attend_t)
+        h = ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0]
         logits = talker.codec_head(h).float()
         tok = self._choose(logits, s)
         self.token[s] = torch.where(active, tok, first)
@@ -195,6 +303,13 @@ class FrameStepper:
         active_saved = self.active.clone()
         self.active.zero_()  # inactive rows commit nothing (only their KV position gets a write)
         with torch.cuda.stream(side):
+            try:
+                self._forward(rows, width)
+            except Exception:  # a torch.compile failure: fall back to the uncompiled functions
+                log.exception("compiled frame step failed; continuing without torch.compile")
+                fns = _compiled_fns(False)
+                self.tstack.pre, self.tstack.post, self.tstack.rms = fns
+                self.pstack.pre, self.pstack.post, self.pstack.rms = fns
             for _ in range(2):
                 self._forward(rows, width)
         torch.cuda.current_stream().wait_stream(side)
