@@ -314,7 +314,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
 def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> list[dict]:
     from tests.conftest import start_server
 
-    env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1"}
+    env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
     t0 = time.time()
     server = start_server("--model", model_dir, "--max-batch", str(max_batch), env=env)
     log(f"# server up in {time.time() - t0:.1f}s")
