@@ -87,7 +87,7 @@ def check(model_dir: str, device: str) -> dict:
     modes = ["runner-eager", "stepper-eager"] + (["graph"] if device == "cuda" else [])
     for dtype in (torch.float32, torch.bfloat16):
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
-        for n_req in (1, 5, 16):
+        for n_req in (1, 16):
             got = {m: _run_frames(model, m, n_req, 40) for m in modes}
             row = {}
             base = got[modes[-1]]
@@ -312,11 +312,19 @@ async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
 
 
 def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> list[dict]:
-    from tests.conftest import start_server
+    from tests.conftest import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
     t0 = time.time()
-    server = start_server("--model", model_dir, "--max-batch", str(max_batch), env=env)
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning",
+           "--model", model_dir, "--max-batch", str(max_batch)]
+    server = Server(subprocess.Popen(cmd, env={**os.environ, **env}), port, None)
+    try:
+        server.wait_healthy(timeout=400)  # model load + torch.compile + CUDA-graph capture
+    except Exception:
+        server.stop()
+        raise
     log(f"# server up in {time.time() - t0:.1f}s")
     rows = []
     try:
@@ -341,10 +349,13 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> lis
 
 def reference_worker(model_dir: str, frames: int, runs: int) -> None:
     """Runs under the reference's own site-packages (transformers 4.57): prints one JSON line."""
+    import importlib.machinery
     import types
 
     lib = types.ModuleType("librosa")  # only voice cloning's mel features use librosa
+    lib.__spec__ = importlib.machinery.ModuleSpec("librosa", None)
     lib.filters = types.ModuleType("librosa.filters")
+    lib.filters.__spec__ = importlib.machinery.ModuleSpec("librosa.filters", None)
     lib.filters.mel = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("librosa stub"))
     sys.modules["librosa"], sys.modules["librosa.filters"] = lib, lib.filters
     from qwen_tts import Qwen3TTSModel

@@ -94,6 +94,10 @@ class _FusedStack:
 def _compiled_fns(enabled: bool):
     if not enabled:
         return _pre_attn, _post_attn, _rms
+    import torch._dynamo
+
+    # Variants: batch 1 vs symbolic batch, predictor first step (2 positions) vs later ones, 2-D/3-D norms.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     opts = dict(dynamic=True, fullgraph=True)
     return torch.compile(_pre_attn, **opts), torch.compile(_post_attn, **opts), torch.compile(_rms, **opts)
 
