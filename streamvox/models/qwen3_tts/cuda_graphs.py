@@ -201,6 +201,23 @@ class FrameStepper:
         self.seen[slot].zero_()
         self.penalty[slot] = penalty
 
+    def prefill(self, slot: int, embeds: torch.Tensor) -> torch.Tensor:
+        """Run a prompt `[n, H]` through the fused talker stack into KV slot `slot`; the last hidden state."""
+        n = embeds.shape[0]
+        ts = self.tstack
+        kc, vc = self.cache.k, self.cache.v
+        cos, sin = self.talker.model.rotary(torch.arange(n, device=self.device)[None], embeds.dtype)
+
+        def attend(i, q, k, v):
+            kc[i, slot, :, :n] = k[0]
+            vc[i, slot, :, :n] = v[0]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=ts.gqa)
+
+        h = embeds[None]
+        for i in range(len(ts.layers)):
+            h = ts.layer(i, h, cos, sin, attend)
+        return ts.rms(h[0, -1], ts.norm_w, ts.norm_eps)
+
     def prefill_done(self, slot: int, length: int, hidden: torch.Tensor) -> None:
         """After the prompt of `length` positions: store the last hidden state and choose codebook 0."""
         self.pos[slot] = length

@@ -445,16 +445,17 @@ class Qwen3TTSRunner:
                                "cache", param="input")
         req.slot = self.free_slots.pop(0)
         req.prompt_tokens = n
-        pos = torch.arange(n, device=self.model.device)[None]
-        h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
         req.length, req.offset = n, prompt.track_offset
         if self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy:
             req.fast = True
             self.stepper.reset_slot(req.slot, req.talker_settings.repetition_penalty)
-            self.stepper.prefill_done(req.slot, n, h[0, -1])
+            last = self.stepper.prefill(req.slot, prompt.embeds)  # fused (and compiled on CUDA) stack
+            self.stepper.prefill_done(req.slot, n, last)
             req.token = 0  # the real id stays on the device (MIN_NEW_TOKENS rules out end-of-speech here)
             req.history.append(0)
             return
+        pos = torch.arange(n, device=self.model.device)[None]
+        h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
         req.hidden = h[0, -1]
         logits = self.model.talker.codec_head(req.hidden).float()
         self._choose(req, logits)
