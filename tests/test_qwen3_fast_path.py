@@ -87,5 +87,12 @@ def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_graph_replay_equals_eager_on_gpu() -> None:  # pragma: no cover - GPU only
-    pytest.skip("run benchmarks/gpu_bench.py --check on a GPU")
+def test_graph_replay_equals_eager_on_gpu(tmp_path, monkeypatch) -> None:  # pragma: no cover - GPU only
+    path = build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice")
+    gpu = Qwen3TTSModel.from_pretrained(path, device="cuda", dtype=torch.float32)
+    monkeypatch.setenv("STREAMVOX_QWEN3_WARMUP_WIDTHS", "")
+    monkeypatch.setenv("STREAMVOX_CUDA_GRAPHS", "0")
+    eager, done_e = _run(gpu, monkeypatch, "1", False)
+    monkeypatch.setenv("STREAMVOX_CUDA_GRAPHS", "1")
+    graph, done_g = _run(gpu, monkeypatch, "1", False)
+    assert done_e == done_g and eager == graph

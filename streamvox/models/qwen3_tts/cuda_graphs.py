@@ -17,6 +17,12 @@ position, which a real step later overwrites. All inputs live in persistent buff
 `(n_rows, width)` bucket is captured once as a graph and replayed; on the CPU the same code runs
 eagerly (that is how CI tests this path). The step never synchronises with the host: the runner reads
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
+
+Each decoder layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
+weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled
+with `torch.compile` on CUDA (dynamic batch) to cut the kernel count, which, not bytes, bounds this
+step: the 15 sequential predictor passes are most of it. The concatenated weights are copies (about
+the talker's layer weights again in memory).
 """
 
 from __future__ import annotations
@@ -117,19 +123,6 @@ def row_bucket(n: int, max_rows: int) -> int:
 def width_bucket(n: int, max_len: int) -> int:
     w = -(-n // WIDTH_STEP) * WIDTH_STEP
     return min(max(w, WIDTH_STEP), max_len)
-
-
-class _SlotView:  # kept for reference/tests: the unfused equivalent of the fast talker step
-    """KV view over slots `[0, rows)`: one new position per row at `pos[row]`; attend to `[0, width)`."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, rows: int, width: int, ar_rows: torch.Tensor,
-                 pos: torch.Tensor) -> None:
-        self.k, self.v, self.rows, self.width, self.ar, self.pos = k, v, rows, width, ar_rows, pos
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k[layer, self.ar, :, self.pos] = k[:, :, 0]
-        self.v[layer, self.ar, :, self.pos] = v[:, :, 0]
-        return self.k[layer, : self.rows, :, : self.width], self.v[layer, : self.rows, :, : self.width]
 
 
 class FrameStepper:

@@ -17,7 +17,10 @@ each step is one CUDA-graph replay per (row bucket, attention width) with no hos
 are read back asynchronously one step later to notice end-of-speech. The codec decoder then runs on a
 second CUDA stream and its PCM is copied to pinned memory asynchronously, so decoding overlaps the next
 AR steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
-benchmarks with random weights).
+benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
+`STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
+(attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
+`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
