@@ -111,11 +111,26 @@ class StreamState:
     Tensors have no batch dimension. Drop the object to free it.
     """
 
-    __slots__ = ("frames", "tails")
+    __slots__ = ("frames", "_tails", "_batch")
 
     def __init__(self) -> None:
         self.frames = 0
-        self.tails: dict[str, torch.Tensor] = {}
+        self._tails: dict[str, torch.Tensor] | None = {}
+        # (batched tails of the last call, this request's row, rows in that call): lets the next call
+        # reuse the batched tensors as they are when it decodes the same requests in the same order.
+        self._batch: tuple[dict[str, torch.Tensor], int, int] | None = None
+
+    @property
+    def tails(self) -> dict[str, torch.Tensor]:
+        if self._tails is None:
+            assert self._batch is not None
+            batched, row, _ = self._batch
+            self._tails = {name: t[row] for name, t in batched.items()}
+        return self._tails
+
+    def set_batch(self, batched: dict[str, torch.Tensor], row: int, rows: int) -> None:
+        self._batch = (batched, row, rows)
+        self._tails = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tails.values())
@@ -597,6 +612,10 @@ def load_speech_tokenizer_state(path: str | Path, prefix: str) -> dict[str, torc
 class Code2Wav(nn.Module):
     """Codes -> 24 kHz waveform, offline (`decode`) or as exact per-request streams (`decode_stream`)."""
 
+    # The range check costs a host sync; a caller whose codes come from the model's own heads
+    # (always < codebook_size) may turn it off.
+    check_codes: bool = True
+
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -644,7 +663,7 @@ class Code2Wav(nn.Module):
     def _safe_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Negative codes (upstream's padding) decode as 0, like upstream; codes past the codebook
         raise here, before an out-of-range lookup could kill a CUDA context."""
-        if bool((codes >= self.cfg.codebook_size).any()):
+        if self.check_codes and bool((codes >= self.cfg.codebook_size).any()):
             raise ValueError(f"codes must be < codebook_size ({self.cfg.codebook_size})")
         return codes.clamp(min=0)
 
@@ -707,7 +726,19 @@ class Code2Wav(nn.Module):
                     codes[r, :, : lens[r]] = codes_list[i].to(dev)
             row_states = [states[i] for i in rows]
             tails_in: dict[str, torch.Tensor | None] = {}
+            first = row_states[0]._batch
+            same = (
+                first is not None
+                and first[2] == len(row_states)
+                and all(s._batch is not None and s._batch[0] is first[0] and s._batch[1] == r
+                        for r, s in enumerate(row_states))
+            )
             for name, mod in self.decoder.named_modules():
+                if same:
+                    assert first is not None
+                    if name in first[0]:
+                        tails_in[name] = first[0][name]
+                    continue
                 if not isinstance(mod, _Stateful) or not mod.tail_name:
                     continue
                 have = [s.tails.get(name) for s in row_states]
@@ -716,10 +747,14 @@ class Code2Wav(nn.Module):
                     continue
                 like = next(h for h in have if h is not None)
                 tails_in[name] = torch.stack([h if h is not None else torch.zeros_like(like) for h in have])
+            meta = torch.tensor(lens + [s.frames for s in row_states], dtype=torch.long)
+            if dev.type == "cuda":  # a pinned, non-blocking copy: no host sync
+                meta = meta.pin_memory()
+            meta = meta.to(dev, non_blocking=True)
             step = _Step(
-                frames=torch.tensor(lens, dtype=torch.long, device=dev),
+                frames=meta[: len(rows)],
                 rows_full=all(n == t_max for n in lens),
-                start=torch.tensor([s.frames for s in row_states], dtype=torch.long, device=dev),
+                start=meta[len(rows) :],
                 tails_in=tails_in,
                 keep_state=True,
             )
@@ -727,6 +762,6 @@ class Code2Wav(nn.Module):
             for r, i in enumerate(rows):
                 st = states[i]
                 st.frames += lens[r]
-                st.tails = {name: t[r].clone() for name, t in step.tails_out.items()}
+                st.set_batch(step.tails_out, r, len(rows))
                 outs[i] = wav[r, : lens[r] * spf]
         return [o for o in outs if o is not None]

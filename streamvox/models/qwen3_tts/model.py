@@ -126,6 +126,9 @@ class Qwen3TTSModel:
         module.talker.model.rotary = Rope(cfg.talker)
         module.talker.code_predictor.model.rotary = Rope(cfg.talker.code_predictor)
         module = module.to(device=device, dtype=dtype)
+        # Keep the RoPE frequency tables in float32 (a low-precision dtype would round them).
+        module.talker.model.rotary = Rope(cfg.talker).to(device)
+        module.talker.code_predictor.model.rotary = Rope(cfg.talker.code_predictor).to(device)
         gen_path = model_dir / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else {}
         return cls(cfg, module, TextTokenizer(load_tokenizer(model_dir)), generation, model_dir)

@@ -141,15 +141,12 @@ class Attention(nn.Module):
         q = q * c + _rotate_half(q) * s
         k = k * c + _rotate_half(k) * s
         k, v = cache.update(self.layer, k, v)
-        rep = self.heads // self.kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
         if mask is None:
             # Causal over the trailing `length` keys (keys before them are all visible).
             total = k.shape[2]
             mask = torch.ones(length, total, dtype=torch.bool, device=x.device).tril(total - length)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # Grouped-query attention without materialising repeated keys/values.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, length, -1))
 
 

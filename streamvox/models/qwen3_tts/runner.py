@@ -11,6 +11,16 @@ Each step:
 3. chunking: buffered frames go to the streaming codec decoder in one batched call
    (first chunk `initial_codec_chunk_frames`, then `codec_chunk_frames`) and the new
    samples are sent with `sink.audio`.
+GPU fast path (`cuda_graphs.FrameStepper`, on by default on CUDA; env `STREAMVOX_QWEN3_FAST`=0/1 forces
+it off/on): greedy requests keep their pending id and hidden state in slot-indexed device buffers, and
+each step is one CUDA-graph replay per (row bucket, attention width) with no host sync; the chosen ids
+are read back asynchronously one step later to notice end-of-speech. The codec decoder then runs on a
+second CUDA stream and its PCM is copied to pinned memory asynchronously, so decoding overlaps the next
+AR steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
+benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
+`STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
+(attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
+`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
@@ -29,6 +39,7 @@ import torch
 
 from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import ModelInfo, OutputSink, RequestError
+from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, row_bucket, width_bucket
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
 from streamvox.models.qwen3_tts.modeling import DenseCache
 from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
@@ -128,6 +139,8 @@ class _Request:
     codec_state: Any = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
+    fast: bool = False  # state lives in the FrameStepper's slot buffers
+    inflight: int = 0  # decoder calls whose audio has not been sent yet
     text_tokens: int = 0  # ids of the text to speak (usage: input_tokens)
     has_words: bool = False  # any non-whitespace text seen
 
@@ -175,6 +188,22 @@ class Qwen3TTSRunner:
         self.suppress = torch.zeros(v, dtype=torch.bool, device=model.device)
         self.suppress[max(0, v - 1024):] = True
         self.suppress[tc.codec_eos_token_id] = False
+        self.ignore_eos = os.environ.get("STREAMVOX_QWEN3_IGNORE_EOS", "0") == "1"
+        if self.ignore_eos:
+            self.suppress[tc.codec_eos_token_id] = True
+        fast = os.environ.get("STREAMVOX_QWEN3_FAST", "auto")
+        use_fast = fast == "1" or (fast == "auto" and model.device.type == "cuda")
+        self.stepper = (FrameStepper(model, self.cache, self.suppress, tc.codec_eos_token_id, MIN_NEW_TOKENS)
+                        if use_fast else None)
+        self._pending_tok: tuple[torch.Tensor, Any, dict[int, _Request]] | None = None
+        self._inflight: list[tuple[Any, torch.Tensor, list[tuple[_Request, int, int]]]] = []
+        self.dec_stream = torch.cuda.Stream(model.device) if model.device.type == "cuda" else None
+        if self.dec_stream is not None and hasattr(codec, "check_codes"):
+            codec.check_codes = False  # our codes come from the model's heads: always in range (no host sync)
+        if self.stepper is not None and self.stepper.use_graphs:
+            warm = os.environ.get("STREAMVOX_QWEN3_WARMUP_WIDTHS", "256,512")
+            widths = tuple(width_bucket(int(w), max_seq_len) for w in warm.split(",") if w.strip())
+            self.stepper.warmup(max_batch, widths)
         sr = codec.sample_rate if codec is not None else 24000
         speakers = sorted(cfg.speakers)
         self.info = ModelInfo(
@@ -244,6 +273,7 @@ class Qwen3TTSRunner:
         self.order.remove(request_id)
         if req.slot is not None:
             self.free_slots.append(req.slot)
+            self.free_slots.sort()  # lowest slots first: the fast path's row count is the highest busy slot
             req.slot = None
         req.buffer.clear()
         req.codec_state = None
@@ -369,6 +399,8 @@ class Qwen3TTSRunner:
     # ------------------------------------------------------------------ stepping
 
     def has_work(self) -> bool:
+        if self._inflight or self._pending_tok is not None:
+            return True
         for req in self.requests.values():
             if req.finish_reason is not None or req.buffer and self._chunk_due(req):
                 return True
@@ -392,9 +424,13 @@ class Qwen3TTSRunner:
                     self.release(rid)
                     sink.failed(rid, e)
         batch = [r for r in (self.requests[i] for i in self.order) if r.decoding and self._can_decode(r)]
-        if batch:
-            self._decode(batch)
-        self._emit(sink)
+        slow = [r for r in batch if not r.fast]
+        fast = [r for r in batch if r.fast]
+        if slow:
+            self._decode(slow)
+        if fast or self._pending_tok is not None:
+            self._decode_fast(fast)
+        self._emit(sink, block=not batch)
 
     def _can_decode(self, req: _Request) -> bool:
         if req.n_frames + 1 >= req.max_frames or req.offset is None:
@@ -412,9 +448,17 @@ class Qwen3TTSRunner:
                                "cache", param="input")
         req.slot = self.free_slots.pop(0)
         req.prompt_tokens = n
+        req.length, req.offset = n, prompt.track_offset
+        if self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy:
+            req.fast = True
+            self.stepper.reset_slot(req.slot, req.talker_settings.repetition_penalty)
+            last = self.stepper.prefill(req.slot, prompt.embeds)  # fused (and compiled on CUDA) stack
+            self.stepper.prefill_done(req.slot, n, last)
+            req.token = 0  # the real id stays on the device (MIN_NEW_TOKENS rules out end-of-speech here)
+            req.history.append(0)
+            return
         pos = torch.arange(n, device=self.model.device)[None]
         h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
-        req.length, req.offset = n, prompt.track_offset
         req.hidden = h[0, -1]
         logits = self.model.talker.codec_head(req.hidden).float()
         self._choose(req, logits)
@@ -502,6 +546,71 @@ class Qwen3TTSRunner:
             req.hidden = h[i]
             self._choose(req, logits[i])
 
+    def _decode_fast(self, batch: list[_Request]) -> None:
+        """One frame for every request in `batch` through the slot-indexed stepper (see cuda_graphs)."""
+        st = self.stepper
+        assert st is not None
+        launched = None
+        if batch:
+            busy = [r for r in self.requests.values() if r.fast and r.slot is not None]
+            rows = row_bucket(max(r.slot for r in busy) + 1, self.max_batch)  # type: ignore[type-var]
+            width = width_bucket(max(r.length + 1 for r in busy if r.slot < rows), self.cache.max_len)
+            cfg = self.model.cfg
+            active = [False] * rows
+            ids = [cfg.tts_pad_token_id] * rows
+            for req in batch:
+                slot = req.slot
+                assert slot is not None
+                active[slot] = True
+                if req.offset is not None:
+                    i = req.offset
+                    ids[slot] = (req.track[i] if i < len(req.track)
+                                 else cfg.tts_eos_token_id if i == len(req.track) else cfg.tts_pad_token_id)
+                    req.offset += 1
+            st.set_inputs(active, ids, rows)
+            st.step(rows, width)
+            frames = st.frames[:rows].clone()
+            if self.dec_stream is not None:
+                frames.record_stream(self.dec_stream)  # the decoder stream reads these later
+            launched = frames
+            pending = None
+            if not self.ignore_eos:
+                tok = st.token[:rows]
+                host = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=tok.is_cuda)
+                host.copy_(tok, non_blocking=True)
+                event = None
+                if tok.is_cuda:
+                    event = torch.cuda.Event()
+                    event.record()
+                pending = (host, event, {r.slot: r for r in batch})  # type: ignore[misc]
+        # End-of-speech chosen by the previous step: those requests get no frame from this one.
+        eos = self.model.cfg.talker.codec_eos_token_id
+        if self._pending_tok is not None:
+            host, event, reqs = self._pending_tok
+            if event is not None:
+                event.synchronize()  # the previous step: already done or nearly, as this one is queued
+            ids_prev = host.tolist()
+            for slot, req in reqs.items():
+                if ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
+                    req.finish_reason = "stop"
+                    req.token = None
+            self._pending_tok = None
+        if launched is None:
+            return
+        for req in batch:
+            if req.finish_reason is not None:
+                continue
+            frame = launched[req.slot]
+            req.buffer.append(frame)
+            req.n_frames += 1
+            req.length += 1
+            if self.on_frame is not None:
+                self.on_frame(req.rid, frame)
+            if req.n_frames >= req.max_frames:
+                req.finish_reason = "length"
+                req.token = None
+        self._pending_tok = pending
+
     # ------------------------------------------------------------------ audio
 
     def _first_chunk(self, req: _Request) -> int:
@@ -517,9 +626,11 @@ class Qwen3TTSRunner:
         want = self._first_chunk(req) if req.chunks == 0 else self.codec_chunk_frames
         return len(req.buffer) >= want
 
-    def _emit(self, sink: OutputSink) -> None:
+    def _emit(self, sink: OutputSink, block: bool = False) -> None:
         due = [r for r in (self.requests[i] for i in self.order) if (r.buffer and self._chunk_due(r))]
-        if due and self.codec is not None:
+        if due and self.codec is not None and self.dec_stream is not None:
+            self._decode_async(due)
+        elif due and self.codec is not None:
             codes_list, states, drop = [], [], []
             for req in due:
                 codes = torch.stack(req.buffer, dim=1)  # [G, t]
@@ -542,12 +653,64 @@ class Qwen3TTSRunner:
         for req in due:
             req.buffer.clear()
             req.chunks += 1
+        self._poll(sink, block and not due)
         for rid in list(self.order):
             req = self.requests[rid]
-            if req.finish_reason is not None and not req.buffer:
+            if req.finish_reason is not None and not req.buffer and not req.inflight:
                 reason, n_in, n_out = req.finish_reason, req.text_tokens, req.n_frames
                 self.release(rid)
                 sink.finished(rid, reason, n_in, n_out)
+
+
+    def _decode_async(self, due: list[_Request]) -> None:
+        """Decode the due chunks on the decoder stream; their PCM reaches pinned memory asynchronously."""
+        assert self.codec is not None and self.dec_stream is not None
+        ds = self.dec_stream
+        ds.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(ds):
+            codes_list, states, drop = [], [], []
+            for req in due:
+                codes = torch.stack(req.buffer, dim=1)
+                skip = 0
+                if req.codec_state is None:
+                    req.codec_state = self.codec.new_stream_state()
+                    if req.spec.ref_codes is not None:
+                        ref = req.spec.ref_codes.t().to(codes.device)
+                        codes = torch.cat([ref, codes], dim=1)
+                        skip = ref.shape[1] * self.codec.samples_per_frame
+                codes_list.append(codes)
+                states.append(req.codec_state)
+                drop.append(skip)
+            outs = self.codec.decode_stream(codes_list, states)
+            pieces = [pcm[skip:] for pcm, skip in zip(outs, drop, strict=True)]
+            flat = torch.cat(pieces).float() if pieces else torch.zeros(0, device=ds.device)
+            host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(ds)
+        spans, off = [], 0
+        for req, piece in zip(due, pieces, strict=True):
+            n = piece.shape[0]
+            spans.append((req, off, n))
+            off += n
+            req.inflight += 1
+        self._inflight.append((event, host, spans))
+
+    def _poll(self, sink: OutputSink, block: bool) -> None:
+        """Send the audio of finished decoder calls, oldest first (`block`: wait for the oldest)."""
+        while self._inflight:
+            event, host, spans = self._inflight[0]
+            if not event.query():
+                if not block:
+                    return
+                event.synchronize()
+            self._inflight.pop(0)
+            block = False
+            pcm = host.numpy()
+            for req, off, n in spans:
+                req.inflight -= 1
+                if n and self.requests.get(req.rid) is req:
+                    sink.audio(req.rid, pcm[off : off + n].copy())
 
 
 def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -557,7 +720,10 @@ def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: 
     model = Qwen3TTSModel.from_pretrained(model_path, device=device, dtype=dtype)
     assert model.model_dir is not None
     st_dir = model.model_dir / "speech_tokenizer"
-    codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, dtype)
+    # The codec decoder runs in float32 unless STREAMVOX_QWEN3_CODEC_DTYPE names another dtype
+    # (benchmarks/gpu_bench.py measures the error of bfloat16 against float32).
+    codec_dtype = getattr(torch, os.environ.get("STREAMVOX_QWEN3_CODEC_DTYPE", "float32"))
+    codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, codec_dtype)
     ref_enc = kwargs.pop("reference_encoder", None) or _load_reference_encoder(st_dir, device)
     # A repo id names the model better than its snapshot directory (a commit hash).
     given = Path(model_path)

@@ -1,0 +1,452 @@
+"""GPU benchmark for the two-stage Qwen3-TTS pipeline: correctness, step timings, serving, reference.
+
+Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_checkpoint.py):
+  --check      CUDA-graph replay vs eager greedy codes on the same inputs (float32 must be identical;
+               bfloat16 reported), and the fast path vs the original eager runner path;
+  --micro      per-step device time of the frame step (graph vs eager) per batch bucket, prefill, the
+               codec decoder per chunk (float32 / bfloat16, and bf16's error against fp32), measured copy
+               bandwidth, and the memory-bandwidth bound of each;
+  --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
+               pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
+               STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
+               TTFP / E2E / RTF p50 p95 p99 and audio seconds per second at each concurrency;
+  --reference  the upstream `qwen-tts` package on the same GPU and weights (run with --ref-python and
+               --ref-path, its own transformers), greedy, 125 frames: its RTF (TTFP = E2E: no streaming).
+
+  python benchmarks/gpu_bench.py --model /tmp/q3-1.7b --check --micro --serve --reference \\
+      --ref-path /tmp/refsite --json-out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+TEXT = ("The quick brown fox jumps over the lazy dog, then rests beneath a tall oak tree near the river.")
+COPY_TBS = 4.3e12  # replaced by the measured copy bandwidth when --micro runs
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ check
+
+
+def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
+    """Greedy frames of n_req concurrent requests through a fresh runner in `mode`."""
+    from streamvox.engine.request import SamplingParams, SpeechRequest
+    from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
+
+    os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
+    os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode == "graph" else "0"
+    os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
+    os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
+    out: dict[str, list] = {}
+    runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024,
+                            on_frame=lambda rid, f: out.setdefault(rid, []).append(f))
+
+    class Sink:
+        def audio(self, *a):
+            pass
+
+        def finished(self, *a):
+            pass
+
+        def failed(self, rid, e):
+            raise RuntimeError(e)
+
+    words = TEXT.split()
+    for i in range(n_req):
+        text = " ".join(words[i % 5:] + words[: i % 5])
+        runner.add(SpeechRequest(request_id=f"r{i}", text=text, voice=runner.info.voices[i % len(runner.info.voices)],
+                                 language="english",
+                                 sampling=SamplingParams(temperature=0.0, max_new_tokens=frames)))
+    sink = Sink()
+    while runner.has_work():
+        runner.step(sink)
+    return {k: torch.stack(v).cpu() for k, v in out.items()}
+
+
+def check(model_dir: str, device: str) -> dict:
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+
+    res = {}
+    modes = ["runner-eager", "stepper-eager"] + (["graph"] if device == "cuda" else [])
+    for dtype in (torch.float32, torch.bfloat16):
+        model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
+        for n_req in (1, 16):
+            got = {m: _run_frames(model, m, n_req, 40) for m in modes}
+            row = {}
+            base = got[modes[-1]]
+            for m in modes[:-1]:
+                same = sum(int((got[m][k] == base[k]).all(dim=1).sum()) for k in base)
+                total = sum(base[k].shape[0] for k in base)
+                first_diff = min((int((got[m][k] != base[k]).any(dim=1).nonzero()[0]) for k in base
+                                  if (got[m][k] != base[k]).any()), default=None)
+                row[f"{m}_vs_{modes[-1]}"] = {"identical_frames": same, "frames": total,
+                                              "first_differing_frame": first_diff}
+            res[f"{str(dtype).split('.')[-1]}_batch{n_req}"] = row
+            log(f"# check {dtype} batch {n_req}: {json.dumps(row)}")
+        del model
+        torch.cuda.empty_cache() if device == "cuda" else None
+    return res
+
+
+# ------------------------------------------------------------------------------------------ micro
+
+
+def _time_cuda(fn, iters: int = 30, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def micro(model_dir: str) -> dict:
+    global COPY_TBS
+    from streamvox.models.qwen3_tts.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runner import _SlotCache
+
+    out: dict = {}
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = _time_cuda(lambda x=x, y=y: y.copy_(x), iters=10)
+    COPY_TBS = 2 * x.numel() / (ms / 1e3)
+    out["copy_TBps"] = COPY_TBS / 1e12
+    del x, y
+    log(f"# measured device copy bandwidth: {COPY_TBS / 1e12:.2f} TB/s (read + write)")
+
+    model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
+    tc = model.cfg.talker
+    t = model.talker
+    el = 2
+    talker_b = sum(p.numel() for n, p in t.model.layers.named_parameters()) * el
+    head_b = t.codec_head.weight.numel() * el
+    cp = t.code_predictor
+    cp_layers_b = sum(p.numel() for p in cp.model.layers.parameters()) * el
+    cp_head_b = cp.lm_head[0].weight.numel() * el
+    text_proj_b = sum(p.numel() for p in t.text_projection.parameters()) * el
+    proj_b = sum(p.numel() for p in cp.small_to_mtp_projection.parameters()) * el
+    # Per frame step: talker layers + codec head + text projection once; predictor layers and one head
+    # per codebook step (15), the projection each step.
+    step_weight_b = talker_b + head_b + text_proj_b + 15 * (cp_layers_b + cp_head_b + proj_b)
+    out["weights_bytes_per_step"] = step_weight_b
+    cache = _SlotCache(tc.num_hidden_layers, 64, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
+                       model.device)
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    for graphs in (True, False):
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
+        for b in (1, 4, 16, 64):
+            st.active[:b] = True
+            st.pos[:b] = 150
+            st.pos[b:] = 0
+            width = 256
+            kv_b = 2 * tc.num_hidden_layers * b * tc.num_key_value_heads * width * tc.head_dim * el
+            bound_ms = (step_weight_b + kv_b) / COPY_TBS * 1e3
+            if graphs:
+                st.step(b, width)  # capture
+            ms = _time_cuda(lambda st=st, b=b, width=width: st.step(b, width), iters=30 if graphs else 5, warm=2)
+            key = f"step_{'graph' if graphs else 'eager'}_b{b}_ms"
+            out[key] = ms
+            out[f"step_bound_b{b}_ms"] = bound_ms
+            log(f"# frame step {'graph' if graphs else 'eager'} B={b} width={width}: {ms:.3f} ms "
+                f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
+            st.pos.zero_()
+        del st
+    # prefill of one prompt (~60 positions)
+    from streamvox.models.qwen3_tts.runner import _PrefillView
+
+    emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    pos = torch.arange(60, device="cuda")[None]
+    ms = _time_cuda(lambda m=model, c=cache: m.talker.model.run(emb, pos, _PrefillView(c, 0)), iters=10)
+    out["prefill_60_ms"] = ms
+    log(f"# talker prefill 60 positions: {ms:.3f} ms (memory bound {(talker_b) / COPY_TBS * 1e3:.3f} ms)")
+    del model, cache
+    torch.cuda.empty_cache()
+
+    # codec decoder
+    st_dir = os.path.join(model_dir, "speech_tokenizer")
+    wav = {}
+    for name, dtype, tf32 in (("fp32-strict", torch.float32, False), ("fp32-tf32", torch.float32, True),
+                              ("bf16", torch.bfloat16, True)):
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=dtype)
+        codec.check_codes = False
+        g = torch.Generator().manual_seed(0)
+        codes = torch.randint(0, 2048, (64, 16, 52), generator=g).cuda()
+        # exactness sample: one stream, 2 + 25 + 25 frames
+        s0 = codec.new_stream_state()
+        pieces = [codec.decode_stream([codes[0, :, a:b]], [s0])[0] for a, b in ((0, 2), (2, 27), (27, 52))]
+        wav[name] = torch.cat(pieces).float().cpu()
+        for b in (1, 16, 64):
+            states = [codec.new_stream_state() for _ in range(b)]
+            codec.decode_stream([codes[i, :, :2] for i in range(b)], states)
+
+            def call(states=states, b=b, codec=codec, codes=codes):
+                # the same 25 frames again on a copy of the state each time (timing only)
+                for s in states:
+                    s.frames = 2
+                return codec.decode_stream([codes[i, :, 2:27] for i in range(b)], states)
+
+            ms = _time_cuda(call, iters=10, warm=2)
+            out[f"decoder_{name}_b{b}_25frames_ms"] = ms
+            log(f"# decoder {name} B={b} x 25 frames (2 s audio each): {ms:.2f} ms "
+                f"({b * 2.0 / (ms / 1e3):.0f} audio s/s)")
+        del codec
+        torch.cuda.empty_cache()
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = wav["fp32-strict"]
+    for name in ("fp32-tf32", "bf16"):
+        err = float((wav[name] - ref).norm() / ref.norm())
+        out[f"decoder_{name}_rel_err_vs_fp32"] = err
+        log(f"# decoder {name} vs strict fp32: relative L2 error {err:.2e} (SNR {-20 * np.log10(err + 1e-30):.1f} dB)")
+    return out
+
+
+def profile(model_dir: str) -> dict:
+    """Top CUDA kernels of one eager frame step (B=1) and one 60-position prefill."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runner import _PrefillView, _SlotCache
+
+    model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
+    tc = model.cfg.talker
+    log(f"# talker dtype {model.dtype}, device {model.device}, weight contiguous "
+        f"{model.talker.model.layers[0].mlp.up_proj.weight.is_contiguous()}")
+    lin = model.talker.model.layers[0].mlp.up_proj
+    xin = torch.randn(1, 1, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    ms = _time_cuda(lambda: lin(xin), iters=20)
+    log(f"# one up_proj GEMV ({tuple(lin.weight.shape)}): {ms * 1000:.1f} us "
+        f"(bound {lin.weight.numel() * 2 / COPY_TBS * 1e6:.1f} us)")
+    cache = _SlotCache(tc.num_hidden_layers, 8, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
+                       model.device)
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False)
+    st.active[:1] = True
+    for _ in range(3):
+        st.step(1, 256)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        st.step(1, 256)
+        torch.cuda.synchronize()
+    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+    emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    pos = torch.arange(60, device="cuda")[None]
+    model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+        torch.cuda.synchronize()
+    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+    return {}
+
+
+# ------------------------------------------------------------------------------------------ serve
+
+
+async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
+    import httpx
+    from serving_bench import one_request
+
+    body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", "sample_rate": 24000,
+            "max_new_tokens": frames, "temperature": 0.0}
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        body["model"] = model
+
+        async def run(count: int, workers: int) -> tuple[list, float]:
+            queue: asyncio.Queue[int] = asyncio.Queue()
+            for i in range(count):
+                queue.put_nowait(i)
+            results: list = []
+
+            async def worker() -> None:
+                while not queue.empty():
+                    queue.get_nowait()
+                    results.append(await one_request(client, body, False, 24000))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(workers)))
+            return results, time.perf_counter() - t0
+
+        await run(max(concurrency, 2), concurrency)  # warm-up, not counted
+        results, wall = await run(n, concurrency)
+    row: dict = {"concurrency": concurrency, "requests": len(results)}
+    for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
+                       ("rtf", [r["rtf"] for r in results])):
+        for q in (50, 95, 99):
+            row[f"{name}_p{q}"] = float(np.percentile(vals, q))
+    audio = sum(r["audio_s"] for r in results)
+    row["audio_s_per_s"] = audio / wall
+    row["mean_audio_s"] = audio / len(results)
+    return row
+
+
+def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> list[dict]:
+    from tests.conftest import Server, free_port
+
+    env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
+    t0 = time.time()
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning",
+           "--model", model_dir, "--max-batch", str(max_batch)]
+    server = Server(subprocess.Popen(cmd, env={**os.environ, **env}), port, None)
+    try:
+        server.wait_healthy(timeout=400)  # model load + torch.compile + CUDA-graph capture
+    except Exception:
+        server.stop()
+        raise
+    log(f"# server up in {time.time() - t0:.1f}s")
+    rows = []
+    try:
+        for c in levels:
+            row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames))
+            rows.append(row)
+            log(json.dumps(row))
+    finally:
+        server.stop()
+    log("\n| concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 | E2E p99 | RTF p50 | RTF p95 "
+        "| RTF p99 | audio s/s |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        log(f"| {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} | {r['ttfp_ms_p99']:.1f} "
+            f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
+            f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} |")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ reference
+
+
+def reference_worker(model_dir: str, frames: int, runs: int) -> None:
+    """Runs under the reference's own site-packages (transformers 4.57): prints one JSON line."""
+    import importlib.machinery
+    import types
+
+    lib = types.ModuleType("librosa")  # only voice cloning's mel features use librosa
+    lib.__spec__ = importlib.machinery.ModuleSpec("librosa", None)
+    lib.filters = types.ModuleType("librosa.filters")
+    lib.filters.__spec__ = importlib.machinery.ModuleSpec("librosa.filters", None)
+    lib.filters.mel = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("librosa stub"))
+    sys.modules["librosa"], sys.modules["librosa.filters"] = lib, lib.filters
+    from qwen_tts import Qwen3TTSModel
+
+    t0 = time.time()
+    tts = Qwen3TTSModel.from_pretrained(model_dir, device_map="cuda:0", dtype=torch.bfloat16)
+    load_s = time.time() - t0
+    speaker = sorted(tts.model.config.talker_config.spk_id)[0]
+    res = []
+    for i in range(runs + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        wavs, sr = tts.generate_custom_voice(text=TEXT, speaker=speaker, language="English", do_sample=False,
+                                             subtalker_dosample=False, max_new_tokens=frames)
+        torch.cuda.synchronize()
+        e2e = time.perf_counter() - t0
+        audio_s = len(wavs[0]) / sr
+        if i:  # the first is warm-up
+            res.append({"e2e_s": e2e, "audio_s": audio_s, "rtf": e2e / audio_s})
+    print(json.dumps({"load_s": load_s, "runs": res}), flush=True)
+
+
+def reference(model_dir: str, frames: int, runs: int, ref_python: str, ref_path: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ref_path + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [ref_python, os.path.abspath(__file__), "--model", model_dir, "--reference-worker",
+           "--frames", str(frames), "--ref-runs", str(runs)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not line:
+        log("# reference failed:\n" + proc.stdout[-3000:] + proc.stderr[-5000:])
+        return {"error": proc.stderr[-2000:]}
+    out = json.loads(line[-1])
+    rtf = [r["rtf"] for r in out["runs"]]
+    e2e = [r["e2e_s"] for r in out["runs"]]
+    out["rtf_median"] = float(np.median(rtf))
+    out["e2e_median_ms"] = float(np.median(e2e)) * 1000
+    log(f"# qwen-tts reference (bf16, greedy, {frames} frames max): E2E=TTFP median {out['e2e_median_ms']:.0f} ms, "
+        f"audio {out['runs'][0]['audio_s']:.2f} s, RTF median {out['rtf_median']:.4f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--micro", action="store_true")
+    ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--frames", type=int, default=125)
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--ref-runs", type=int, default=3)
+    ap.add_argument("--ref-python", default=sys.executable)
+    ap.add_argument("--ref-path", default="")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    if args.reference_worker:
+        reference_worker(args.model, args.frames, args.ref_runs)
+        return
+    results: dict = {"command": " ".join(sys.argv), "model": args.model}
+    if torch.cuda.is_available():
+        results["gpu"] = torch.cuda.get_device_name()
+        log(f"# GPU: {results['gpu']}; torch {torch.__version__}")
+
+    def save() -> None:
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(results, f, indent=1)
+
+    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device)),
+             ("micro", lambda: micro(args.model)),
+             ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch)),
+             ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
+    for name, fn in parts:
+        if not getattr(args, name):
+            continue
+        t0 = time.time()
+        try:
+            results[name] = fn()
+        except Exception as e:  # keep the other parts' results
+            import traceback
+
+            traceback.print_exc()
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+        log(f"# part {name} took {time.time() - t0:.1f}s")
+        save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""Slot-indexed frame step for the Qwen3-TTS talker + code predictor, captured as CUDA graphs.
+
+One call of `FrameStepper.step(n_rows, width)` advances every *active* slot in `[0, n_rows)` by one
+codec frame, entirely on the device:
+
+1. the code predictor fills codebooks 1..G-1 of the frame from the slot's last talker hidden state
+   and its pending codebook-0 id (15 greedy steps over a fresh 17-position cache);
+2. the talker consumes the frame's summed codebook embeddings plus the slot's text-track embedding
+   and attends over its KV-cache slot (keys `[0, width)`, masked to each slot's own length);
+3. the next codebook-0 id is chosen greedily after the repetition penalty and the suppress / minimum
+   length masks, exactly as `Qwen3TTSRunner._choose` does.
+
+Rows are KV-cache slots, so the batch needs no gather: the runner keeps busy slots low and pads the
+row count to a bucket; inactive rows (free slots, or requests waiting for text) compute garbage that
+is never committed (`torch.where(active, new, old)`), except a KV write at their own current
+position, which a real step later overwrites. All inputs live in persistent buffers, so on CUDA each
+`(n_rows, width)` bucket is captured once as a graph and replayed; on the CPU the same code runs
+eagerly (that is how CI tests this path). The step never synchronises with the host: the runner reads
+the chosen ids back asynchronously, one step late, to notice end-of-speech.
+
+Each decoder layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
+weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled
+with `torch.compile` on CUDA (dynamic batch) to cut the kernel count, which, not bytes, bounds this
+step: the 15 sequential predictor passes are most of it. The concatenated weights are copies (about
+the talker's layer weights again in memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
+
+
+def _pre_attn(x, w_ln, w_qkv, w_qn, w_kn, cos, sin, eps: float, nh: int, nkv: int, hd: int):
+    """Input norm, fused q/k/v projection, q/k norms, RoPE: the same arithmetic as modeling.Attention."""
+    b, length, _ = x.shape
+    h = _rms(x, w_ln, eps)
+    q, k, v = F.linear(h, w_qkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q = _rms(q.reshape(b, length, nh, hd), w_qn, eps).transpose(1, 2)
+    k = _rms(k.reshape(b, length, nkv, hd), w_kn, eps).transpose(1, 2)
+    v = v.reshape(b, length, nkv, hd).transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return _rope(q, c, s), _rope(k, c, s), v
+
+
+def _post_attn(x, attn, w_o, w_ln2, w_gu, w_down, eps: float, inter: int):
+    """Output projection + residual, post-attention norm, fused gate/up SwiGLU MLP + residual."""
+    b, length, _ = x.shape
+    x = x + F.linear(attn.transpose(1, 2).reshape(b, length, -1), w_o)
+    g, u = F.linear(_rms(x, w_ln2, eps), w_gu).split([inter, inter], dim=-1)
+    return x + F.linear(F.silu(g) * u, w_down)
+
+
+class _FusedStack:
+    """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs)."""
+
+    def __init__(self, stack, fns) -> None:
+        self.layers = []
+        for layer in stack.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.q_proj.bias is not None:
+                raise ValueError("fused stack: attention biases are not supported")
+            self.layers.append(dict(
+                w_ln=layer.input_layernorm.weight,
+                w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                w_qn=a.q_norm.weight, w_kn=a.k_norm.weight, w_o=a.o_proj.weight,
+                w_ln2=layer.post_attention_layernorm.weight,
+                w_gu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), w_down=m.down_proj.weight,
+            ))
+        a0 = stack.layers[0].self_attn
+        self.eps = stack.layers[0].input_layernorm.eps
+        self.nh, self.nkv, self.hd = a0.heads, a0.kv_heads, a0.head_dim
+        self.inter = stack.layers[0].mlp.gate_proj.weight.shape[0]
+        self.gqa = self.nh != self.nkv
+        self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
+        self.pre, self.post, self.rms = fns
+
+    def layer(self, i: int, x, cos, sin, attend):
+        """One layer; `attend(i, q, k, v) -> attention output [B, heads, L, hd]` owns the cache."""
+        p = self.layers[i]
+        q, k, v = self.pre(x, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, self.eps, self.nh, self.nkv,
+                           self.hd)
+        return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
+
+
+def _compiled_fns(enabled: bool):
+    if not enabled:
+        return _pre_attn, _post_attn, _rms
+    import torch._dynamo
+
+    # Variants: batch 1 vs symbolic batch, predictor first step (2 positions) vs later ones, 2-D/3-D norms.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    opts = dict(dynamic=True, fullgraph=True)
+    return torch.compile(_pre_attn, **opts), torch.compile(_post_attn, **opts), torch.compile(_rms, **opts)
+
+
+log = logging.getLogger(__name__)
+ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+WIDTH_STEP = 256  # talker attention width buckets: multiples of this
+
+
+def row_bucket(n: int, max_rows: int) -> int:
+    for b in ROW_BUCKETS:
+        if b >= n:
+            return min(b, max_rows)
+    return max_rows
+
+
+def width_bucket(n: int, max_len: int) -> int:
+    w = -(-n // WIDTH_STEP) * WIDTH_STEP
+    return min(max(w, WIDTH_STEP), max_len)
+
+
+class FrameStepper:
+    """Per-slot device state and the greedy frame step (see module docstring)."""
+
+    def __init__(self, model, cache, suppress: torch.Tensor, eos: int, min_new_tokens: int,
+                 use_graphs: bool | None = None) -> None:
+        self.model = model
+        self.talker = model.talker
+        self.cache = cache
+        dev = model.device
+        self.device = dev
+        slots = cache.k.shape[1]
+        self.slots = slots
+        tc = model.cfg.talker
+        self.groups = tc.num_code_groups
+        h = tc.hidden_size
+        v = tc.vocab_size
+        self.eos = eos
+        self.min_new = min_new_tokens
+        if use_graphs is None:
+            use_graphs = dev.type == "cuda" and os.environ.get("STREAMVOX_CUDA_GRAPHS", "1") != "0"
+        self.use_graphs = use_graphs
+        compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
+        use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
+        fns = _compiled_fns(use_compile)
+        self.tstack = _FusedStack(self.talker.model, fns)
+        self.pstack = _FusedStack(self.talker.code_predictor.model, fns)
+        pc = self.talker.code_predictor.cfg
+        self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
+                              dtype=model.dtype, device=dev)
+        self.pv = torch.zeros_like(self.pk)
+        ppos = torch.arange(self.groups + 1, device=dev)[None]
+        self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
+        # persistent state (index = slot)
+        self.hidden = torch.zeros(slots, h, dtype=model.dtype, device=dev)
+        self.token = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.count = torch.zeros(slots, dtype=torch.long, device=dev)  # codebook-0 ids chosen so far
+        self.seen = torch.zeros(slots, v, dtype=torch.bool, device=dev)
+        self.penalty = torch.ones(slots, dtype=torch.float32, device=dev)
+        # per-step inputs, written by the host (one async copy)
+        self.active = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self.text_ids = torch.zeros(slots, dtype=torch.long, device=dev)
+        # outputs
+        self.frames = torch.zeros(slots, self.groups, dtype=torch.long, device=dev)
+        self.suppress = suppress
+        self.eos_mask = torch.zeros(v, dtype=torch.bool, device=dev)
+        self.eos_mask[eos] = True
+        self.ar = torch.arange(max(slots, self.groups + 1), device=dev)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self._pinned: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ host-side helpers (no sync)
+
+    def set_inputs(self, active: list[bool], text_ids: list[int], rows: int) -> None:
+        """Write this step's `active` and `text_ids` for rows `[0, rows)` with one non-blocking copy."""
+        host = torch.tensor([int(a) for a in active] + list(text_ids), dtype=torch.long)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)
+        self.active[:rows].copy_(dev[:rows].bool())
+        self.text_ids[:rows].copy_(dev[rows:])
+
+    def reset_slot(self, slot: int, penalty: float) -> None:
+        self.pos[slot] = 0
+        self.count[slot] = 0
+        self.seen[slot].zero_()
+        self.penalty[slot] = penalty
+
+    def prefill(self, slot: int, embeds: torch.Tensor) -> torch.Tensor:
+        """Run a prompt `[n, H]` through the fused talker stack into KV slot `slot`; the last hidden state."""
+        n = embeds.shape[0]
+        ts = self.tstack
+        kc, vc = self.cache.k, self.cache.v
+        cos, sin = self.talker.model.rotary(torch.arange(n, device=self.device)[None], embeds.dtype)
+
+        def attend(i, q, k, v):
+            kc[i, slot, :, :n] = k[0]
+            vc[i, slot, :, :n] = v[0]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=ts.gqa)
+
+        h = embeds[None]
+        for i in range(len(ts.layers)):
+            h = ts.layer(i, h, cos, sin, attend)
+        return ts.rms(h[0, -1], ts.norm_w, ts.norm_eps)
+
+    def prefill_done(self, slot: int, length: int, hidden: torch.Tensor) -> None:
+        """After the prompt of `length` positions: store the last hidden state and choose codebook 0."""
+        self.pos[slot] = length
+        self.hidden[slot] = hidden
+        logits = self.talker.codec_head(hidden)[None].float()
+        s = slice(slot, slot + 1)
+        tok = self._choose(logits, s)
+        self.token[s] = tok
+        self._record(tok, s, torch.ones(1, dtype=torch.bool, device=self.device))
+
+    # ------------------------------------------------------------------ the step
+
+    def _choose(self, logits: torch.Tensor, s: slice) -> torch.Tensor:
+        pen = self.penalty[s, None]
+        penalised = torch.where(logits < 0, logits * pen, logits / pen)
+        logits = torch.where(self.seen[s], penalised, logits)
+        mask = self.suppress[None] | (self.eos_mask[None] & (self.count[s] < self.min_new)[:, None])
+        return logits.masked_fill(mask, float("-inf")).argmax(-1)
+
+    def _record(self, tok: torch.Tensor, s: slice, active: torch.Tensor) -> None:
+        seen = self.seen[s]
+        old = seen.gather(1, tok[:, None])
+        seen.scatter_(1, tok[:, None], old | active[:, None])
+        self.count[s] += active.long()
+
+    def _forward(self, rows: int, width: int) -> None:
+        talker = self.talker
+        cp = talker.code_predictor
+        s = slice(0, rows)
+        active = self.active[s]
+        first = self.token[s]
+        hidden = self.hidden[s]
+        # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
+        ps = self.pstack
+        x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
+        codes = [first]
+        start = 0
+        for j in range(self.groups - 1):
+            n = x.shape[1]
+            end = start + n
+
+            def attend(i, q, k, v, start=start, end=end, n=n):
+                self.pk[i, :rows, :, start:end] = k
+                self.pv[i, :rows, :, start:end] = v
+                return F.scaled_dot_product_attention(q, self.pk[i, :rows, :, :end], self.pv[i, :rows, :, :end],
+                                                      is_causal=n > 1, enable_gqa=ps.gqa)
+
+            cos = self.pcos[:, start:end].expand(rows, -1, -1)
+            sin = self.psin[:, start:end].expand(rows, -1, -1)
+            h = cp.small_to_mtp_projection(x)
+            for i in range(len(ps.layers)):
+                h = ps.layer(i, h, cos, sin, attend)
+            h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
+            tok = cp.lm_head[j](h).float().argmax(-1)
+            codes.append(tok)
+            start = end
+            if j + 1 < self.groups - 1:
+                x = cp.model.codec_embedding[j](tok)[:, None]
+        frames = torch.stack(codes, dim=1)
+        self.frames[s] = frames
+        # talker: one position per row
+        x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
+        p = self.pos[s]
+        ar_w = torch.arange(width, device=self.device)
+        mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
+        ts = self.tstack
+        kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
+
+        def attend_t(i, q, k, v):
+            kc[i, rix, :, p] = k[:, :, 0]
+            vc[i, rix, :, p] = v[:, :, 0]
+            return F.scaled_dot_product_attention(q, kc[i, :rows, :, :width], vc[i, :rows, :, :width],
+                                                  attn_mask=mask, enable_gqa=ts.gqa)
+
+        cos, sin = talker.model.rotary(p[:, None], x.dtype)
+        h = x[:, None]
+        for i in range(len(ts.layers)):
+            h = ts.layer(i, h, cos, sin, attend_t)
+        h = ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0]
+        logits = talker.codec_head(h).float()
+        tok = self._choose(logits, s)
+        self.token[s] = torch.where(active, tok, first)
+        self.hidden[s] = torch.where(active[:, None], h, hidden)
+        self._record(tok, s, active)
+        self.pos[s] += active.long()
+
+    def step(self, rows: int, width: int) -> None:
+        """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`)."""
+        if not self.use_graphs:
+            self._forward(rows, width)
+            return
+        key = (rows, width)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self._capture(rows, width)
+        graph.replay()
+
+    def _capture(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream (lazy inits, cuBLAS workspaces), on a copy of the state so the
+        # captured step does not advance anything; then capture and restore.
+        saved = [t.clone() for t in (self.hidden, self.token, self.pos, self.count, self.seen)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        active_saved = self.active.clone()
+        self.active.zero_()  # inactive rows commit nothing (only their KV position gets a write)
+        with torch.cuda.stream(side):
+            try:
+                self._forward(rows, width)
+            except Exception:  # a torch.compile failure: fall back to the uncompiled functions
+                log.exception("compiled frame step failed; continuing without torch.compile")
+                fns = _compiled_fns(False)
+                self.tstack.pre, self.tstack.post, self.tstack.rms = fns
+                self.pstack.pre, self.pstack.post, self.pstack.rms = fns
+            for _ in range(2):
+                self._forward(rows, width)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._forward(rows, width)
+        for t, old in zip((self.hidden, self.token, self.pos, self.count, self.seen), saved, strict=True):
+            t.copy_(old)
+        self.active.copy_(active_saved)
+        self.graphs[(rows, width)] = graph
+        return graph
+
+    def warmup(self, max_rows: int, widths: tuple[int, ...]) -> None:
+        """Capture the graphs for every row bucket up to `max_rows` at the given widths (at load)."""
+        if not self.use_graphs:
+            return
+        for w in widths:
+            for b in ROW_BUCKETS:
+                if b > max_rows:
+                    break
+                if (b, w) not in self.graphs:
+                    self._capture(b, w)
+        torch.cuda.synchronize()
+
+
+def sdpa_gqa_supported() -> bool:
+    return "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

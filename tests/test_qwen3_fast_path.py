@@ -1,0 +1,98 @@
+"""The slot-indexed greedy frame step (cuda_graphs.FrameStepper) against the eager runner path.
+
+On the CPU the stepper runs eagerly (no graphs); the logic (slot rows, inactive rows, masks, lagged
+end-of-speech, repetition penalty) is the same code the GPU captures. GPU-only checks (graph replay
+equal to eager) live in benchmarks/gpu_bench.py and are skipped here without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from qwen3_harness import FrameLog, RecordingSink, drain
+from qwen3_tiny import build_tiny_checkpoint
+
+from streamvox.engine.request import SamplingParams, SpeechRequest
+from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
+
+TEXTS = [
+    "Hello world, this is a test.",
+    "Streaming text arrives word by word.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers like 12 and 345!",
+    "Speak softly, please.",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Qwen3TTSModel:
+    path = build_tiny_checkpoint(tmp_path_factory.mktemp("fast") / "ckpt", "custom_voice")
+    return Qwen3TTSModel.from_pretrained(path)
+
+
+def _requests(streaming: bool) -> list[SpeechRequest]:
+    out = []
+    for i, text in enumerate(TEXTS):
+        out.append(SpeechRequest(
+            request_id=f"r{i}", text=text, voice=["alice", "bob"][i % 2], language="english",
+            text_complete=not streaming,
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=20 + 3 * i),
+        ))
+    return out
+
+
+def _run(model, monkeypatch, fast: str, streaming: bool, ignore_eos: str = "0") -> tuple[dict, dict]:
+    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", fast)
+    monkeypatch.setenv("STREAMVOX_QWEN3_IGNORE_EOS", ignore_eos)
+    log = FrameLog()
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    assert (runner.stepper is not None) == (fast == "1")
+    sink = RecordingSink()
+    reqs = _requests(streaming)
+    for r in reqs[:3]:
+        runner.add(r)
+    for _ in range(3):
+        runner.step(sink)
+    for r in reqs[3:]:
+        runner.add(r)
+    if streaming:
+        for _ in range(4):
+            runner.step(sink)
+        for r in reqs:
+            runner.feed_text(r.request_id, " and more words arrive")
+            runner.step(sink)
+            runner.end_input(r.request_id)
+    drain(runner, sink)
+    assert not sink.errors
+    assert sorted(runner.free_slots) == list(range(8))
+    return log.frames, sink.done
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_fast_path_equals_eager(model, monkeypatch, streaming: bool) -> None:
+    eager, done_e = _run(model, monkeypatch, "0", streaming)
+    fast, done_f = _run(model, monkeypatch, "1", streaming)
+    assert done_e == done_f
+    assert eager == fast
+
+
+def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:
+    frames, done = _run(model, monkeypatch, "1", False, ignore_eos="1")
+    for i in range(len(TEXTS)):
+        assert done[f"r{i}"][0] == "length"
+        assert len(frames[f"r{i}"]) == 20 + 3 * i
+    eager, done_e = _run(model, monkeypatch, "0", False, ignore_eos="1")
+    assert eager == frames and done_e == done
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replay_equals_eager_on_gpu(tmp_path, monkeypatch) -> None:  # pragma: no cover - GPU only
+    path = build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice")
+    gpu = Qwen3TTSModel.from_pretrained(path, device="cuda", dtype=torch.float32)
+    monkeypatch.setenv("STREAMVOX_QWEN3_WARMUP_WIDTHS", "")
+    monkeypatch.setenv("STREAMVOX_CUDA_GRAPHS", "0")
+    eager, done_e = _run(gpu, monkeypatch, "1", False)
+    monkeypatch.setenv("STREAMVOX_CUDA_GRAPHS", "1")
+    graph, done_g = _run(gpu, monkeypatch, "1", False)
+    assert done_e == done_g and eager == graph
