@@ -61,10 +61,15 @@ def wait_healthy(url: str, api_key: str | None, timeout: float, process: subproc
     raise SystemExit(f"the StreamVox server at {url} did not become healthy within {timeout:.0f} s")
 
 
-def start_server(model: str | None, api_key: str | None, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
-    """Run `streamvox serve` on a free local port until this process exits."""
+def start_server(model: str | None, api_key: str | None, page_origins: list[str],
+                 timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+    """Run `streamvox serve` on a free local port until this process exits.
+
+    The Gradio page is served from another port, so its origins must be allowed for WebSockets.
+    """
     port = _free_port()
-    command = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    command = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning",
+               "--allowed-origins", ",".join(page_origins)]
     if model:
         command += ["--model", model]
     if api_key:
@@ -232,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     server_url = args.server_url
     if server_url is None:
-        _, server_url = start_server(args.model, args.api_key)
+        hosts = {args.host, "127.0.0.1", "localhost"} - {"0.0.0.0", "::"}
+        _, server_url = start_server(args.model, args.api_key, [f"http://{h}:{args.port}" for h in sorted(hosts)])
         print(f"streamvox serve is running at {server_url}", flush=True)
     server_url = server_url.rstrip("/")
     wait_healthy(server_url, args.api_key, args.wait_s)

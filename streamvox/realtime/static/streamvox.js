@@ -101,6 +101,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
       this.context = null;
       this.node = null;
       this.stream = 0;
+      this.startedStream = -1; // the last stream whose playback start was reported
       this.carry = null; // an odd trailing byte of a PCM16 delta
       this.stats = {received: 0, played: 0, underruns: 0, underrunSamples: 0, waits: 0,
                     streamReceived: 0, streamPlayed: 0, buffered: 0, state: "idle", filled: false, started: 0, drained: 0, contextState: "none",
@@ -131,7 +132,13 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         s[k] = m[k];
       }
       if (m.stream === this.stream) { s.streamReceived = m.streamReceived; s.streamPlayed = m.streamPlayed; }
-      if (m.type === "started") { s.started += 1; if (this.onStarted && m.stream === this.stream) this.onStarted(m); }
+      if (m.type === "started") s.started += 1;
+      // Playback of the current stream began: the "started" report, or any report that finds it
+      // playing (messages from the worklet can be coalesced or overtaken under load).
+      if (m.stream === this.stream && (m.type === "started" || m.state === "playing") && this.startedStream !== this.stream) {
+        this.startedStream = this.stream;
+        if (this.onStarted) this.onStarted(m);
+      }
       if (m.type === "drained") { s.drained += 1; if (this.onDrained) this.onDrained(m); }
       s.contextState = this.context.state;
       this.onStats(s);
