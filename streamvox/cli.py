@@ -20,9 +20,20 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from streamvox.realtime.app import ServerSettings, build_app
+    from streamvox.realtime.security import MediaPolicy
 
+    if args.allowed_local_media_path and not Path(args.allowed_local_media_path).is_dir():
+        raise SystemExit(f"streamvox: --allowed-local-media-path {args.allowed_local_media_path!r} is not a directory")
+    if args.max_buffered_audio_s <= 0:
+        raise SystemExit("streamvox: --max-buffered-audio-s must be positive")
+    media = MediaPolicy(allow_urls=args.allow_ref_audio_urls, allow_private_urls=args.allow_private_ref_audio_urls,
+                        local_media_path=args.allowed_local_media_path, fetch_timeout_s=args.ref_audio_fetch_timeout_s)
+    origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
     settings = ServerSettings(model=args.model, model_options=_model_options(args), api_key=args.api_key,
-                              exit_on_engine_crash=args.exit_on_engine_crash)
+                              exit_on_engine_crash=args.exit_on_engine_crash,
+                              max_buffered_audio_s=args.max_buffered_audio_s,
+                              engine_restart_backoff_max_s=args.engine_restart_backoff_max_s,
+                              media=media, allowed_origins=origins)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024)
@@ -92,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
     serve.add_argument("--exit-on-engine-crash", action="store_true",
                        help="exit with status 3 when the engine process dies (default: restart it)")
+    serve.add_argument("--engine-restart-backoff-max-s", type=float, default=30.0,
+                       help="longest wait between restarts of an engine that keeps failing (default 30)")
+    serve.add_argument("--max-buffered-audio-s", type=float, default=300.0,
+                       help="seconds of audio queued for a client that stops reading before its request is "
+                            "cancelled (default 300)")
+    serve.add_argument("--allow-ref-audio-urls", action="store_true",
+                       help="let 'ref_audio' be an http(s) URL (public addresses only)")
+    serve.add_argument("--allow-private-ref-audio-urls", action="store_true",
+                       help="with --allow-ref-audio-urls: also loopback, link-local and private addresses")
+    serve.add_argument("--ref-audio-fetch-timeout-s", type=float, default=10.0,
+                       help="time limit for fetching a 'ref_audio' URL (default 10)")
+    serve.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="let 'ref_audio' be a file:// URL of a file under DIR")
+    serve.add_argument("--allowed-origins", default=None, metavar="LIST",
+                       help="comma-separated WebSocket Origins allowed besides no Origin and same-host ('*': any)")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=_serve)
 

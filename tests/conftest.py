@@ -68,12 +68,13 @@ class Server:
                 self.process.wait()
 
 
-def start_server(*args: str, api_key: str | None = None, env: dict | None = None) -> Server:
+def start_server(*args: str, api_key: str | None = None, env: dict | None = None, stderr=None) -> Server:
+    """`stderr`: a file to send the server's stderr to (default: inherited)."""
     port = free_port()
     command = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
     if api_key:
         command += ["--api-key", api_key]
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})})
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr)
     server = Server(process, port, api_key)
     try:
         server.wait_healthy()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -64,3 +66,46 @@ def test_exit_on_engine_crash_exits_non_zero():
     finally:
         server.stop()
     assert code == 3
+
+
+def test_engine_failing_at_restart_backs_off_then_recovers(tmp_path):
+    """An engine that fails at start after a crash is retried with growing waits, not in a tight loop."""
+    fault = tmp_path / "engine-start-fails"
+    server = start_server("--engine-restart-backoff-max-s", "2",
+                          env={"STREAMVOX_FAULT_ENGINE_START_FILE": str(fault)})
+    try:
+        pid = httpx.get(f"{server.url}/health").json()["engine_pid"]
+        fault.touch()
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        waits, restarts = [], 0
+        while time.monotonic() - start < 7:
+            health = httpx.get(f"{server.url}/health").json()
+            assert health["status"] == "unavailable"
+            restarts = health["engine_restarts"]
+            if "engine_restart_in_s" in health:
+                waits.append(health["engine_restart_in_s"])
+            time.sleep(0.05)
+        failures = health["engine_consecutive_failures"]
+        # Waits 0, 0.5, 1, 2, 2, ...: at most ~5 attempts in 7 s (a tight loop makes one per start, ~0.3 s).
+        assert 3 <= restarts <= 6, restarts
+        assert failures >= 3 and max(waits) > 1.0 and max(waits) <= 2.0, (failures, max(waits))
+        # Server still answers requests with a clean 503 while the engine is down.
+        response = httpx.post(f"{server.url}/v1/audio/speech", json={"input": "Anyone there?"})
+        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+        fault.unlink()
+        server.wait_healthy(15)
+        response = httpx.post(f"{server.url}/v1/audio/speech", json={"input": "Back again."})
+        assert response.status_code == 200 and len(response.content) > 1000
+        assert server.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_engine_failing_at_first_start_exits_instead_of_looping():
+    started = time.monotonic()
+    process = subprocess.run([sys.executable, "-m", "streamvox.cli", "serve", "--port", "0", "--model",
+                              "/nonexistent/model/dir", "--log-level", "warning"], capture_output=True, timeout=60)
+    assert process.returncode != 0
+    assert time.monotonic() - started < 30
+    assert b"engine core exited before its model was ready" in process.stderr

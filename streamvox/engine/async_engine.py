@@ -11,6 +11,7 @@ import asyncio
 import logging
 import multiprocessing
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -79,6 +80,9 @@ class AsyncEngine:
         restart_on_crash: bool = True,
         max_buffered_audio_s: float = 300.0,
         start_timeout_s: float = 600.0,
+        restart_backoff_initial_s: float = 0.5,
+        restart_backoff_max_s: float = 30.0,
+        stable_after_s: float = 30.0,
     ) -> None:
         self.model = model
         self.model_options = model_options or {}  # keyword arguments of `streamvox.models.load_runner`
@@ -96,6 +100,17 @@ class AsyncEngine:
         self._outbox: zmq.Socket | None = None
         self._inbox: zmq.Socket | None = None
         self.restarts = 0
+        # Restart backoff: the first restart after a core that ran for `stable_after_s` is immediate; each
+        # further quick failure doubles the wait (initial, 2x, 4x, ... up to the max), so an engine that
+        # fails at start does not spin.
+        self.restart_backoff_initial_s = restart_backoff_initial_s
+        self.restart_backoff_max_s = restart_backoff_max_s
+        self.stable_after_s = stable_after_s
+        self.consecutive_failures = 0
+        self.next_restart_at: float | None = None  # monotonic time of the pending restart, while backing off
+        self._spawned_at = 0.0
+        self._ever_ready = False
+        self._core_exited: asyncio.Event = asyncio.Event()
 
     # lifecycle
 
@@ -117,10 +132,26 @@ class AsyncEngine:
         await self.wait_ready()
 
     async def wait_ready(self) -> None:
+        """Wait for the core's model to load; fail at once if the core exits first."""
+        ready = asyncio.ensure_future(self._ready.wait())
+        exited = asyncio.ensure_future(self._core_exited.wait())
         try:
-            await asyncio.wait_for(self._ready.wait(), self.start_timeout_s)
-        except TimeoutError as exc:
-            raise EngineUnavailable(f"engine core did not become ready in {self.start_timeout_s} s") from exc
+            await asyncio.wait({ready, exited}, timeout=self.start_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            exited.cancel()
+        if self._ready.is_set():
+            return
+        if self._core_exited.is_set():
+            raise EngineUnavailable("engine core exited before its model was ready; its log above says why")
+        raise EngineUnavailable(f"engine core did not become ready in {self.start_timeout_s} s")
+
+    @property
+    def restart_in_s(self) -> float | None:
+        """Seconds until the next restart attempt while backing off, else None."""
+        if self.next_restart_at is None:
+            return None
+        return max(0.0, self.next_restart_at - time.monotonic())
 
     async def _spawn(self) -> None:
         tag = uuid.uuid4().hex[:8]
@@ -131,6 +162,8 @@ class AsyncEngine:
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(output_address)
         self._ready.clear()
+        self._core_exited.clear()
+        self._spawned_at = time.monotonic()
         context = multiprocessing.get_context("spawn")
         self._process = context.Process(
             target=run_engine_core, args=(self.model, self.model_options, input_address, output_address), daemon=True
@@ -146,6 +179,7 @@ class AsyncEngine:
         if process is not self._process:
             return
         self._ready.clear()
+        self._core_exited.set()
         self._fail_all(EngineError("The speech engine stopped; the request was aborted.", "engine_unavailable"))
         self._close_sockets()
         asyncio.create_task(self._after_exit(process))
@@ -155,9 +189,26 @@ class AsyncEngine:
         if self._closing:
             return
         log.error("engine core exited with code %s", process.exitcode)
+        if not self._ever_ready:
+            return  # the first start failed: `wait_ready` reports it; restarting would only loop
         if self.on_core_exit is not None:
             self.on_core_exit(process.exitcode)
         elif self.restart_on_crash:
+            if time.monotonic() - self._spawned_at >= self.stable_after_s:
+                self.consecutive_failures = 0
+            delay = 0.0 if self.consecutive_failures == 0 else min(
+                self.restart_backoff_initial_s * 2 ** (self.consecutive_failures - 1), self.restart_backoff_max_s)
+            self.consecutive_failures += 1
+            if delay > 0:
+                log.error("engine core failed %d times in a row; restarting in %.1f s",
+                          self.consecutive_failures, delay)
+                self.next_restart_at = time.monotonic() + delay
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    self.next_restart_at = None
+                if self._closing:
+                    return
             self.restarts += 1
             await self._spawn()
 
@@ -288,6 +339,7 @@ class AsyncEngine:
                     stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
             case m.Ready(info=info):
                 self.info = info
+                self._ever_ready = True
                 self._ready.set()
                 log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
             case m.CoreCrashed(message=text):

@@ -99,6 +99,10 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     core = None
     try:
+        # Fault injection for tests of the restart backoff: while this file exists, the core fails at start.
+        fault_file = os.environ.get("STREAMVOX_FAULT_ENGINE_START_FILE")
+        if fault_file and os.path.exists(fault_file):
+            raise RuntimeError(f"injected start failure ({fault_file} exists)")
         core = EngineCore(load_runner(model, **model_options), input_address, output_address)
         core.run()
     except Exception as exc:  # report, then exit non-zero so the front end notices

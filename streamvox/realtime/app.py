@@ -7,15 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from streamvox.engine.async_engine import AsyncEngine
 from streamvox.realtime.auth import APIKeyMiddleware
 from streamvox.realtime.metrics import LoopLagMonitor, Metrics
+from streamvox.realtime.openai_realtime import realtime_endpoint
+from streamvox.realtime.security import MediaPolicy, OriginMiddleware
 from streamvox.realtime.speech import speech, speech_batch
+from streamvox.realtime.speech_params import configure_media_policy
+from streamvox.realtime.text_stream import speech_stream_endpoint
 
 
 @dataclass
@@ -24,6 +29,10 @@ class ServerSettings:
     model_options: dict = field(default_factory=dict)  # device, dtype, max_batch for `load_runner`
     api_key: str | None = None
     exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
+    max_buffered_audio_s: float = 300.0  # audio queued for a client that stops reading, before it is dropped
+    engine_restart_backoff_max_s: float = 30.0  # longest wait between restarts of an engine that keeps failing
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
+    allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
 
 
 @dataclass
@@ -41,7 +50,11 @@ async def health(request: Request) -> Response:
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
                              "engine_restarts": engine.restarts})
-    return JSONResponse({"status": "unavailable", "engine_restarts": engine.restarts}, status_code=503)
+    body = {"status": "unavailable", "engine_restarts": engine.restarts,
+            "engine_consecutive_failures": engine.consecutive_failures}
+    if (restart_in := engine.restart_in_s) is not None:
+        body["engine_restart_in_s"] = round(restart_in, 3)
+    return JSONResponse(body, status_code=503)
 
 
 async def models(request: Request) -> Response:
@@ -68,9 +81,32 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown routes (404) and methods (405) in OpenAI's error shape, like every other error."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = {404: f"No route {request.url.path}.", 405: f"{request.method} is not allowed on {request.url.path}."
+               }.get(exc.status_code, str(exc.detail))
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug: still answer in OpenAI's shape (the traceback goes to the log)."""
+    body = {"error": {"message": "Internal server error.", "type": "server_error", "param": None,
+                      "code": "internal_error"}}
+    return JSONResponse(body, status_code=500)
+
+
+ERROR_HANDLERS = {HTTPException: _http_error, Exception: _server_error}
+
+
 def build_app(settings: ServerSettings) -> Starlette:
-    state = AppState(settings, AsyncEngine(settings.model, model_options=settings.model_options,
-                                               restart_on_crash=not settings.exit_on_engine_crash))
+    engine = AsyncEngine(settings.model, model_options=settings.model_options,
+                         restart_on_crash=not settings.exit_on_engine_crash,
+                         max_buffered_audio_s=settings.max_buffered_audio_s,
+                         restart_backoff_max_s=settings.engine_restart_backoff_max_s)
+    state = AppState(settings, engine)
+    configure_media_policy(settings.media)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -92,9 +128,14 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
+        WebSocketRoute("/v1/realtime", realtime_endpoint),
+        WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
     ]
-    middleware = [Middleware(APIKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    # Origin first: a foreign page is refused whether or not it knows the key.
+    middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
+    if settings.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     app.state.streamvox = state
     return app
 

@@ -61,12 +61,20 @@ def error_from_engine(error: EngineError) -> APIError:
 
 
 async def read_json(request: Request) -> object:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+    too_large = APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large  # refused before reading it
+    parts, size = [], 0
+    async for chunk in request.stream():  # stop reading at the cap: a huge chunked body never sits in memory
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        parts.append(chunk)
+    body = b"".join(parts)
     try:
         return msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 

@@ -15,6 +15,7 @@ from streamvox.codecs.audio_io import FORMATS, STREAMABLE_FORMATS
 from streamvox.engine.request import SamplingParams, SpeechRequest
 from streamvox.models.base import ModelInfo
 from streamvox.realtime.errors import APIError
+from streamvox.realtime.security import MediaPolicy, load_ref_audio_url
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -24,6 +25,15 @@ MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 DEFAULT_SAMPLE_RATE = 24000  # what OpenAI's pcm carries, and what its clients assume
 # OpenAI's model names: clients written for OpenAI TTS reach the served model unmodified.
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+# Where `ref_audio` may come from; the server sets it from its flags at start-up (`configure_media_policy`).
+_media_policy = MediaPolicy()
+
+
+def configure_media_policy(policy: MediaPolicy) -> None:
+    global _media_policy
+    _media_policy = policy
+
 
 _KNOWN_FIELDS = {
     "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "stream",
@@ -45,8 +55,11 @@ def _field(body: dict, name: str, kind: type | tuple, default=None):
     if value is None:
         return default
     if kind in (int, float) or kind == (int, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
             raise APIError(400, f"'{name}' must be a number.", name)
+        if isinstance(value, int) and abs(value) > 2**63:  # JSON integers are unbounded; floats are not
+            raise APIError(400, f"'{name}' is out of range.", name)
         if kind is int and value != int(value):
             raise APIError(400, f"'{name}' must be an integer.", name)
         return kind(value) if kind in (int, float) else value
@@ -72,17 +85,19 @@ def check_model(body: dict, info: ModelInfo) -> None:
                        "model", "model_not_found")
 
 
-def decode_ref_audio(value: str) -> tuple[np.ndarray, int]:
-    """A base64 (or `data:` URI) audio file -> mono float32 PCM and its rate."""
+def decode_ref_audio(value: str, policy: MediaPolicy | None = None) -> tuple[np.ndarray, int]:
+    """A base64 (or `data:` URI) audio file, or a URL the media policy allows -> mono float32 PCM and its rate.
+
+    Fetching a URL blocks: callers run this in a worker thread (as they do for any `ref_audio`).
+    """
+    policy = policy or _media_policy
     if value.startswith("data:"):
         _, _, value = value.partition(",")
-    elif value.startswith(("http://", "https://", "file://")):
-        raise APIError(400, "'ref_audio' URLs are not fetched; send the file as base64 or a data: URI.",
-                       "ref_audio")
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise APIError(400, "'ref_audio' is not valid base64.", "ref_audio") from exc
+        raw = _b64(value)
+    elif value[:8].lower().startswith(("http://", "https://", "file:")):
+        raw = load_ref_audio_url(value, policy)
+    else:
+        raw = _b64(value)
     if len(raw) > MAX_REF_AUDIO_BYTES:
         raise APIError(400, f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio")
     try:
@@ -94,6 +109,13 @@ def decode_ref_audio(value: str) -> tuple[np.ndarray, int]:
     if len(pcm) / rate > MAX_REF_AUDIO_SECONDS:
         raise APIError(400, f"'ref_audio' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", "ref_audio")
     return pcm.mean(axis=1).astype(np.float32), int(rate)
+
+
+def _b64(value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise APIError(400, "'ref_audio' is not valid base64.", "ref_audio") from exc
 
 
 def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams:

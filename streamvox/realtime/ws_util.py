@@ -1,0 +1,95 @@
+"""Small pieces shared by the WebSocket protocols: serialised sends, bounded JSON decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+log = logging.getLogger(__name__)
+
+# Frames larger than this are decoded in a worker thread, not on the event loop.
+OFFLOAD_BYTES = 1 << 20
+
+
+class FrameError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration limit from the environment (lets tests and deployments shorten or lengthen it)."""
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def text_size(text: str) -> int:
+    """UTF-8 size of a frame; cheap for the (usual) ASCII case."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+async def decode_json_event(message: dict, max_bytes: int) -> dict:
+    """An ASGI `websocket.receive` message -> a JSON object with a string `type`, or `FrameError`."""
+    text = message.get("text")
+    if text is None:
+        raise FrameError("Binary frames are not accepted here; send each event as a JSON text frame.",
+                         "invalid_frame")
+    size = text_size(text)
+    if size > max_bytes:
+        raise FrameError(f"The event is {size} bytes; the limit is {max_bytes} bytes.", "event_too_large")
+    try:
+        event = await asyncio.to_thread(msgspec.json.decode, text) if size > OFFLOAD_BYTES \
+            else msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
+        raise FrameError(f"The event is not valid JSON: {exc}", "invalid_json") from exc
+    if not isinstance(event, dict):
+        raise FrameError("An event must be a JSON object.", "invalid_event")
+    if not isinstance(event.get("type"), str):
+        raise FrameError("The event has no string 'type' field.", "invalid_event")
+    return event
+
+
+class Sender:
+    """Serialises sends from several tasks on one WebSocket; a failed send marks it closed."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.closed = False
+        self._lock = asyncio.Lock()
+
+    async def json(self, payload: dict) -> bool:
+        return await self._send({"type": "websocket.send", "text": msgspec.json.encode(payload).decode()})
+
+    async def binary(self, data: bytes) -> bool:
+        return await self._send({"type": "websocket.send", "bytes": data})
+
+    async def _send(self, message: dict) -> bool:
+        if self.closed:
+            return False
+        async with self._lock:
+            if self.closed:
+                return False
+            try:
+                await self.websocket.send(message)
+                return True
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.closed = True
+                return False
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        async with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.websocket.application_state == WebSocketState.CONNECTED:
+                try:
+                    await self.websocket.close(code, reason)
+                except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # the client is already gone
+                    log.debug("close failed: %s", exc)
