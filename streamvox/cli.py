@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
                               exit_on_engine_crash=args.exit_on_engine_crash, agent=agent,
                               max_buffered_audio_s=args.max_buffered_audio_s,
                               engine_restart_backoff_max_s=args.engine_restart_backoff_max_s,
-                              media=media, allowed_origins=origins)
+                              media=media, allowed_origins=origins, voices_dir=args.voices_dir)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let 'ref_audio' be a file:// URL of a file under DIR")
     serve.add_argument("--allowed-origins", default=None, metavar="LIST",
                        help="comma-separated WebSocket Origins allowed besides no Origin and same-host ('*': any)")
+    serve.add_argument("--voices-dir", default=None, metavar="DIR",
+                       help="where cloned voices (POST /v1/audio/voices) are kept "
+                            "(default: $XDG_DATA_HOME/streamvox/voices or ~/.local/share/streamvox/voices)")
     serve.add_argument("--log-level", default="info")
     agent = serve.add_argument_group("voice agent (/v1/realtime)")
     agent.add_argument("--llm", default=None, metavar="DIR_OR_REPO",

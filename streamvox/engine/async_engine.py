@@ -8,6 +8,7 @@ events; nothing here waits for compute.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import tempfile
@@ -57,6 +58,24 @@ EngineEvent = AudioChunk | Done | EngineError
 
 class EngineUnavailable(RuntimeError):
     pass
+
+
+class VoiceSample(msgspec.Struct):
+    """A cloned voice as the front end keeps it: reference audio, its transcript, and metadata."""
+
+    name: str
+    pcm: np.ndarray  # mono float32
+    sample_rate: int
+    ref_text: str | None = None
+    meta: dict = {}  # what GET /v1/audio/voices shows (created_at, duration_s, ...)
+
+
+class VoiceRefused(Exception):
+    """The model refused a voice (e.g. its audio could not be analysed)."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
 
 
 class _Stream:
@@ -111,6 +130,14 @@ class AsyncEngine:
         self._spawned_at = 0.0
         self._ever_ready = False
         self._core_exited: asyncio.Event = asyncio.Event()
+        # Cloned voices. `voice_loader` (blocking; run in a thread) returns the persisted voices: they are
+        # registered with every core that starts, before it is marked ready, so a restarted engine knows them.
+        self.voice_loader: Callable[[], list[VoiceSample]] | None = None
+        self.voices: dict[str, dict] = {}  # registered in the running core: name -> metadata
+        self.base_info: ModelInfo | None = None  # as the core reported it, without cloned voices
+        self._voice_waiters: dict[int, asyncio.Future] = {}
+        self._voice_tokens = itertools.count(1)
+        self._restore_task: asyncio.Task | None = None
 
     # lifecycle
 
@@ -181,6 +208,7 @@ class AsyncEngine:
         self._ready.clear()
         self._core_exited.set()
         self._fail_all(EngineError("The speech engine stopped; the request was aborted.", "engine_unavailable"))
+        self._fail_voice_waiters("The speech engine stopped.")
         self._close_sockets()
         asyncio.create_task(self._after_exit(process))
 
@@ -240,8 +268,78 @@ class AsyncEngine:
             except (ValueError, OSError):
                 pass
         self._fail_all(EngineError("The server is shutting down.", "engine_unavailable"))
+        self._fail_voice_waiters("The server is shutting down.")
         self._close_sockets()
         self._context.term()
+
+    # cloned voices
+
+    async def add_voice(self, sample: VoiceSample) -> None:
+        """Register a cloned voice with the core; `VoiceRefused` if the model refuses it,
+        `EngineUnavailable` if the core is not running (or stops meanwhile)."""
+        if not self.is_ready:
+            raise EngineUnavailable("The speech engine is not available.")
+        await self._register_voice(sample)
+
+    def remove_voice(self, name: str) -> None:
+        self.voices.pop(name, None)
+        self._send(m.RemoveVoice(name))
+        self._publish_info()
+
+    async def _register_voice(self, sample: VoiceSample) -> None:
+        token = next(self._voice_tokens)
+        future = asyncio.get_running_loop().create_future()
+        self._voice_waiters[token] = future
+        pcm = np.ascontiguousarray(sample.pcm, dtype="<f4").tobytes()
+        self._send(m.AddVoice(token, sample.name, pcm, sample.sample_rate, sample.ref_text))
+        try:
+            result: m.VoiceResult = await future
+        finally:
+            self._voice_waiters.pop(token, None)
+        if result.message is not None:
+            raise VoiceRefused(result.message, result.code, result.param)
+        self.voices[sample.name] = sample.meta
+        self._publish_info()
+
+    def _publish_info(self) -> None:
+        """`info` with the cloned voices appended to the built-in ones (what every route validates)."""
+        base = self.base_info
+        if base is None:
+            return
+        extra = sorted(name for name in self.voices if name not in base.voices)
+        self.info = msgspec.structs.replace(base, voices=[*base.voices, *extra]) if extra else base
+
+    def _fail_voice_waiters(self, message: str) -> None:
+        for future in self._voice_waiters.values():
+            if not future.done():
+                future.set_exception(EngineUnavailable(message))
+        self._voice_waiters.clear()
+
+    async def _restore_voices(self, process: multiprocessing.process.BaseProcess) -> None:
+        """Register the persisted voices with a core that just loaded, then mark it ready."""
+        try:
+            samples = await asyncio.to_thread(self.voice_loader) if self.voice_loader is not None else []
+        except Exception:  # a broken voices directory must not keep the engine down
+            log.exception("could not load the stored voices")
+            samples = []
+        for sample in samples:
+            if process is not self._process:
+                return
+            try:
+                await self._register_voice(sample)
+            except VoiceRefused as refused:
+                log.warning("stored voice %r was refused by the model: %s", sample.name, refused.message)
+            except EngineUnavailable:
+                return
+        if process is self._process and process.is_alive():
+            if samples:
+                log.info("restored %d of %d stored voices", len(self.voices), len(samples))
+            self._mark_ready()
+
+    def _mark_ready(self) -> None:
+        self._ever_ready = True
+        self._ready.set()
+        log.info("engine core ready: model %s (pid %s)", self.info.name, self._process.pid)
 
     # requests
 
@@ -335,10 +433,16 @@ class AsyncEngine:
             case m.Finished() | m.Failed():
                 self._end(message)
             case m.Ready(info=info):
-                self.info = info
-                self._ever_ready = True
-                self._ready.set()
-                log.info("engine core ready: model %s (pid %s)", info.name, self._process.pid)
+                self.base_info = self.info = info
+                self.voices.clear()
+                if info.voice_cloning and self.voice_loader is not None:
+                    self._restore_task = asyncio.get_running_loop().create_task(self._restore_voices(self._process))
+                else:
+                    self._mark_ready()
+            case m.VoiceResult(token=token):
+                future = self._voice_waiters.get(token)
+                if future is not None and not future.done():
+                    future.set_result(message)
             case m.CoreCrashed(message=text):
                 log.error("engine core reported a crash: %s", text)
 

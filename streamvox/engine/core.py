@@ -237,8 +237,26 @@ class EngineCore:
                 case m.Cancel(request_id=request_id):
                     self.runner.release(request_id)
                     self.pacer.drop(request_id)
+                case m.AddVoice():
+                    self._add_voice(message)
+                case m.RemoveVoice(name=name):
+                    if (remove := getattr(self.runner, "remove_voice", None)) is not None:
+                        remove(name)
                 case m.Shutdown():
                     return False
+
+    def _add_voice(self, message: m.AddVoice) -> None:
+        add = getattr(self.runner, "add_voice", None)
+        if add is None or not self.runner.info.voice_cloning:
+            self._send(m.VoiceResult(message.token, message.name, "model does not support voice cloning",
+                                     "voice_cloning_unsupported"))
+            return
+        try:
+            add(message.name, message.pcm, message.sample_rate, message.ref_text)
+        except RequestError as error:
+            self._send(m.VoiceResult(message.token, message.name, error.message, error.code, error.param))
+        else:
+            self._send(m.VoiceResult(message.token, message.name))
 
     def _send(self, message: m.CoreOutput) -> None:
         self._send_outputs()  # keep order: anything queued for the front end goes first

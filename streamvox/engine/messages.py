@@ -36,7 +36,21 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-CoreInput = AddRequest | FeedText | EndInput | Cancel | Shutdown
+class AddVoice(msgspec.Struct, tag=True):
+    """Register a cloned voice; the core answers with `VoiceResult(token)`."""
+
+    token: int
+    name: str
+    pcm: bytes  # mono float32 PCM at `sample_rate`
+    sample_rate: int
+    ref_text: str | None = None
+
+
+class RemoveVoice(msgspec.Struct, tag=True):
+    name: str
+
+
+CoreInput = AddRequest | FeedText | EndInput | Cancel | Shutdown | AddVoice | RemoveVoice
 
 # core -> front end
 
@@ -75,13 +89,23 @@ class Failed(msgspec.Struct, tag=True):
     param: str | None = None
 
 
+class VoiceResult(msgspec.Struct, tag=True):
+    """Outcome of `AddVoice`: `message` is None on success, else why the voice was refused."""
+
+    token: int
+    name: str
+    message: str | None = None
+    code: str = "invalid_request"
+    param: str | None = None
+
+
 class CoreCrashed(msgspec.Struct, tag=True):
     """The core is about to exit after an unexpected error."""
 
     message: str
 
 
-CoreOutput = Ready | AudioDelta | Outputs | Finished | Failed | CoreCrashed
+CoreOutput = Ready | AudioDelta | Outputs | Finished | Failed | VoiceResult | CoreCrashed
 
 input_encoder = msgspec.msgpack.Encoder()
 input_decoder = msgspec.msgpack.Decoder(CoreInput)

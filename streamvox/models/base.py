@@ -77,3 +77,17 @@ class Runner(Protocol):
 
     def step(self, sink: OutputSink) -> None:
         """Advance the scheduled requests by one step, sending outputs to `sink`."""
+
+
+class VoiceCloningRunner(Runner, Protocol):
+    """A runner with `ModelInfo.voice_cloning`: named voices cloned from reference audio.
+
+    A request whose `voice` names a registered voice is spoken in it; the runner derives
+    what it needs (speaker embedding, reference codes) once, in `add_voice`.
+    """
+
+    def add_voice(self, name: str, ref_audio: bytes, sample_rate: int, ref_text: str | None = None) -> None:
+        """Register (or replace) voice `name` from mono float32 PCM; raise `RequestError` to refuse it."""
+
+    def remove_voice(self, name: str) -> None:
+        """Forget voice `name`; unknown names are ignored. Admitted requests are unaffected."""

@@ -25,6 +25,7 @@ from streamvox.realtime.security import MediaPolicy, OriginMiddleware
 from streamvox.realtime.speech import speech, speech_batch
 from streamvox.realtime.speech_params import configure_media_policy
 from streamvox.realtime.text_stream import speech_stream_endpoint
+from streamvox.realtime.voices import VoiceStore, default_voices_dir, delete_voice, list_voices, upload_voice
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ServerSettings:
     engine_restart_backoff_max_s: float = 30.0  # longest wait between restarts of an engine that keeps failing
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
     allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
+    voices_dir: str | None = None  # cloned voices (Base checkpoints); None: the user's data directory
 
 
 @dataclass
@@ -49,6 +51,8 @@ class AppState:
     engine_exit_code: int | None = None  # set when the engine died and the server must exit
     request_exit: Callable[[], None] | None = None  # set by whoever runs the server
     responder: Responder | None = None  # thinker and ASR, when the server was started with them
+    voice_store: VoiceStore | None = None
+    voice_pending: set[str] = field(default_factory=set)  # names being uploaded right now
 
 
 async def health(request: Request) -> Response:
@@ -69,14 +73,6 @@ async def models(request: Request) -> Response:
                                      "family": info.family, "sample_rate": info.sample_rate,
                                      "voice_cloning": info.voice_cloning, "streaming_text": info.streaming_text}]
     return JSONResponse({"object": "list", "data": data})
-
-
-async def voices(request: Request) -> Response:
-    info = request.app.state.streamvox.engine.info
-    if info is None:
-        return JSONResponse({"voices": []})
-    return JSONResponse({"model": info.name, "default_voice": info.default_voice, "voices": info.voices,
-                         "languages": info.languages, "voice_cloning": info.voice_cloning})
 
 
 async def metrics(request: Request) -> Response:
@@ -113,6 +109,8 @@ def build_app(settings: ServerSettings) -> Starlette:
                          max_buffered_audio_s=settings.max_buffered_audio_s,
                          restart_backoff_max_s=settings.engine_restart_backoff_max_s)
     state = AppState(settings, engine)
+    state.voice_store = VoiceStore(settings.voices_dir or default_voices_dir())
+    engine.voice_loader = state.voice_store.load_all  # run in a thread each time a core starts
     configure_media_policy(settings.media)
     if settings.agent.enabled:
         state.responder = Responder(settings.agent)
@@ -141,7 +139,9 @@ def build_app(settings: ServerSettings) -> Starlette:
     routes = [
         Route("/health", health),
         Route("/v1/models", models),
-        Route("/v1/audio/voices", voices),
+        Route("/v1/audio/voices", list_voices, methods=["GET"]),
+        Route("/v1/audio/voices", upload_voice, methods=["POST"]),
+        Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),

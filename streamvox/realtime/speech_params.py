@@ -98,17 +98,26 @@ def decode_ref_audio(value: str, policy: MediaPolicy | None = None) -> tuple[np.
         raw = load_ref_audio_url(value, policy)
     else:
         raw = _b64(value)
+    return decode_audio_file(raw, "ref_audio")
+
+
+def decode_audio_file(raw: bytes, param: str) -> tuple[np.ndarray, int]:
+    """An audio file's bytes -> mono float32 PCM and its rate, under the reference-audio caps (a 400
+    naming `param` otherwise). Blocking (decoding is compute): call it from a worker thread."""
     if len(raw) > MAX_REF_AUDIO_BYTES:
-        raise APIError(400, f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio")
+        raise APIError(400, f"'{param}' is larger than {MAX_REF_AUDIO_BYTES} bytes.", param)
     try:
         pcm, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise APIError(400, "'ref_audio' could not be decoded as audio (wav, flac or ogg).", "ref_audio") from exc
+        raise APIError(400, f"'{param}' could not be decoded as audio (wav, flac or ogg).", param) from exc
     if len(pcm) == 0:
-        raise APIError(400, "'ref_audio' holds no audio.", "ref_audio")
+        raise APIError(400, f"'{param}' holds no audio.", param)
     if len(pcm) / rate > MAX_REF_AUDIO_SECONDS:
-        raise APIError(400, f"'ref_audio' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", "ref_audio")
-    return pcm.mean(axis=1).astype(np.float32), int(rate)
+        raise APIError(400, f"'{param}' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", param)
+    pcm = pcm.mean(axis=1).astype(np.float32)
+    if not np.isfinite(pcm).all():
+        raise APIError(400, f"'{param}' holds samples that are not finite numbers.", param)
+    return pcm, int(rate)
 
 
 def _b64(value: str) -> bytes:

@@ -116,6 +116,15 @@ class _DecodeView:
 
 
 @dataclass
+class _ClonedVoice:
+    """What voice cloning derives from reference audio, computed once per registered voice."""
+
+    speaker_embedding: torch.Tensor
+    ref_codes: torch.Tensor | None = None  # in-context cloning: `[T, G]`
+    ref_text_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class _Request:
     rid: str
     spec: VoiceSpec
@@ -184,6 +193,7 @@ class Qwen3TTSRunner:
         self.free_slots = list(range(max_batch))
         self.requests: dict[str, _Request] = {}
         self.order: list[str] = []  # admission order (prefill is first come, first served)
+        self.cloned_voices: dict[str, _ClonedVoice] = {}  # Base: voices registered with `add_voice`
         v = tc.vocab_size
         self.suppress = torch.zeros(v, dtype=torch.bool, device=model.device)
         self.suppress[max(0, v - 1024):] = True
@@ -329,15 +339,30 @@ class Qwen3TTSRunner:
         return spec
 
     def _reference(self, r: SpeechRequest, spec: VoiceSpec) -> None:
-        if not r.ref_audio:
-            raise RequestError("voice cloning needs ref_audio (mono float32 PCM)", param="ref_audio")
-        sr = r.ref_sample_rate
+        if r.ref_audio:
+            voice = self._analyse_reference(r.ref_audio, r.ref_sample_rate, r.ref_text)
+        elif r.voice:
+            voice = self.cloned_voices.get(r.voice)
+            if voice is None:
+                known = ", ".join(sorted(self.cloned_voices)) or "none yet; POST /v1/audio/voices adds one"
+                raise RequestError(f"unknown voice {r.voice!r}; cloned voices: {known}", param="voice")
+        else:
+            raise RequestError("voice cloning needs ref_audio (mono float32 PCM) or the name of a cloned voice",
+                               param="ref_audio")
+        spec.speaker_embedding = voice.speaker_embedding
+        if voice.ref_codes is not None:
+            spec.ref_codes = voice.ref_codes
+            spec.ref_text_ids = list(voice.ref_text_ids)
+        spec.non_streaming = False  # upstream's voice clone default
+
+    def _analyse_reference(self, ref_audio: bytes, sr: int | None, ref_text: str | None) -> _ClonedVoice:
+        """Speaker embedding (and, with `ref_text`, reference codes) of reference audio."""
         if not sr or sr <= 0:
             raise RequestError("ref_sample_rate must be a positive integer", param="ref_sample_rate")
-        if len(r.ref_audio) % 4:
+        if len(ref_audio) % 4:
             raise RequestError("ref_audio is not float32 PCM (length not a multiple of 4 bytes)",
                                param="ref_audio")
-        pcm = np.frombuffer(r.ref_audio, dtype="<f4").astype(np.float32)
+        pcm = np.frombuffer(ref_audio, dtype="<f4").astype(np.float32)
         if pcm.size < sr // 10 or not np.isfinite(pcm).all():
             raise RequestError("ref_audio could not be decoded (shorter than 0.1 s or not finite)",
                                param="ref_audio")
@@ -345,10 +370,10 @@ class Qwen3TTSRunner:
             raise RequestError(f"ref_audio is longer than {self.max_ref_audio_seconds:g} s",
                                param="ref_audio")
         try:
-            spec.speaker_embedding = self.model.speaker_embedding(pcm, sr)
+            voice = _ClonedVoice(self.model.speaker_embedding(pcm, sr))
         except (RuntimeError, ValueError) as e:
             raise RequestError(f"ref_audio could not be analysed: {e}", param="ref_audio") from e
-        if r.ref_text:
+        if ref_text:
             if self.reference_encoder is None:
                 raise RequestError("in-context cloning (ref_text) needs the speech tokenizer encoder, "
                                    "which this deployment lacks; omit ref_text for x-vector cloning",
@@ -359,11 +384,24 @@ class Qwen3TTSRunner:
                 raise RequestError(f"ref_audio could not be encoded: {e}", param="ref_audio") from e
             if codes.dim() != 2 or codes.shape[1] != self.groups or codes.shape[0] == 0:
                 raise RequestError("ref_audio could not be encoded into reference codes", param="ref_audio")
-            spec.ref_codes = codes.long()
-            spec.ref_text_ids = self.model.tokenizer.ref_text_ids(r.ref_text)
-            spec.non_streaming = False  # upstream's voice clone default
-        else:
-            spec.non_streaming = False
+            voice.ref_codes = codes.long()
+            voice.ref_text_ids = self.model.tokenizer.ref_text_ids(ref_text)
+        return voice
+
+    # ------------------------------------------------------------------ cloned voices
+
+    @torch.inference_mode()
+    def add_voice(self, name: str, ref_audio: bytes, sample_rate: int, ref_text: str | None = None) -> None:
+        """Register a cloned voice (Base checkpoints): its embedding and reference codes are computed
+        once here, and a request whose `voice` is `name` uses them. Replaces a voice of that name."""
+        if self.task != "base":
+            raise RequestError(f"model does not support voice cloning (a {self.task!r} checkpoint)",
+                               param="audio", code="voice_cloning_unsupported")
+        self.cloned_voices[name] = self._analyse_reference(ref_audio, sample_rate, ref_text)
+
+    def remove_voice(self, name: str) -> None:
+        """Forget a cloned voice; requests already admitted with it keep their copy."""
+        self.cloned_voices.pop(name, None)
 
     def _sampling(
         self, r: SpeechRequest
