@@ -179,6 +179,14 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
     clear() { this.node.port.postMessage({type: "clear"}); }
   }
 
+  // Record when playback of the current response/utterance began and publish it: the whole response
+  // may have arrived (and its last snapshot been sent) before the jitter buffer started playing.
+  function markPlaybackStart(client) {
+    if (!client.timing) return;
+    client.timing.playStart = performance.now();
+    client.onTiming(client.timing.snapshot());
+  }
+
   // Timing of one response/utterance: TTFP from the request to the first audio delta, RTF as
   // (time until the latest delta) / (audio received), and the audio's duration.
   class Timing {
@@ -248,7 +256,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
     speak(text) {
       this.timing = new Timing(this.player.sampleRate);
       this.player.begin();
-      this.player.onStarted = () => { if (this.timing) this.timing.playStart = performance.now(); };
+      this.player.onStarted = () => markPlaybackStart(this);
       this.send({type: "conversation.item.create",
                  item: {type: "message", role: "user", content: [{type: "input_text", text}]}});
       this.send({type: "response.create"});
@@ -327,7 +335,7 @@ registerProcessor("streamvox-player", StreamVoxProcessor);
         this.open = true;
         this.timing = new Timing(this.player.sampleRate);
         this.player.begin();
-        this.player.onStarted = () => { if (this.timing) this.timing.playStart = performance.now(); };
+        this.player.onStarted = () => markPlaybackStart(this);
         this.player.inputOpen(true);
         this.opened += 1;
       }
