@@ -29,7 +29,7 @@ from streamvox.codecs.audio_io import Resampler
 from streamvox.codecs.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.engine.async_engine import AudioChunk, Done, EngineError
 from streamvox.engine.request import SpeechRequest
-from streamvox.realtime.realtime_session import RealtimeError, event_name, new_id
+from streamvox.realtime.realtime_session import RealtimeError, event_name, item_text, new_id
 from streamvox.realtime.speech import SpeechStats
 
 if TYPE_CHECKING:
@@ -45,24 +45,13 @@ def _ms(since: float) -> float:
 # conversation -> chat messages
 
 
-def _message_text(item: dict) -> str:
-    parts = []
-    for part in item.get("content") or []:
-        for key in ("text", "transcript"):
-            value = part.get(key)
-            if isinstance(value, str) and value.strip():
-                parts.append(value.strip())
-                break
-    return " ".join(parts)
-
-
 def chat_history(items: list[dict]) -> list[dict]:
     """Conversation items -> chat messages (function calls are shown to the thinker as text)."""
     messages = []
     for item in items:
         kind = item.get("type")
         if kind == "message":
-            if text := _message_text(item):
+            if text := item_text(item):
                 messages.append({"role": item["role"], "content": text})
         elif kind == "function_call":
             messages.append({"role": "assistant", "content": f"[call {item['name']}({item['arguments']})]"})

@@ -52,6 +52,7 @@ from streamvox.realtime.realtime_session import (
     assistant_content_type,
     default_config,
     event_name,
+    item_text,
     new_id,
     parse_modalities,
     parse_voice,
@@ -88,20 +89,6 @@ def _beta_requested(websocket: WebSocket) -> bool:
 
 
 # conversation items
-
-
-def _item_text(item: dict) -> str:
-    """The words of a message item: its text parts and audio transcripts."""
-    if item.get("type") != "message":
-        return ""
-    parts = []
-    for part in item.get("content") or []:
-        for key in ("text", "transcript"):
-            value = part.get(key)
-            if isinstance(value, str) and value.strip():
-                parts.append(value.strip())
-                break
-    return " ".join(parts)
 
 
 def _audio_chars(item: dict) -> int:
@@ -218,7 +205,7 @@ class Conversation:
 
     def latest_user_text(self) -> str:
         for item in reversed(self.items):
-            if item.get("role") == "user" and (text := _item_text(item)):
+            if item.get("role") == "user" and (text := item_text(item)):
                 return text
         return ""
 
@@ -447,7 +434,7 @@ class RealtimeSession:
                     entry = self.conversation.get(entry.get("id"), f"response.input[{i}].id")
                 else:
                     entry = validate_item(entry, f"response.input[{i}]")
-                if text := _item_text(entry):
+                if text := item_text(entry):
                     texts.append((entry.get("role") == "user", text))
             user = [text for is_user, text in texts if is_user]
             if user or texts:

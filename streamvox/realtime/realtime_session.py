@@ -315,3 +315,17 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
                 raise RealtimeError(f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
             changes["max_output_tokens"] = limit
     return replace(config, **changes)
+
+
+def item_text(item: dict) -> str:
+    """The words of a message item: its text parts and audio transcripts."""
+    if item.get("type") != "message":
+        return ""
+    parts = []
+    for part in item.get("content") or []:
+        for key in ("text", "transcript"):
+            value = part.get(key)
+            if isinstance(value, str) and value.strip():
+                parts.append(value.strip())
+                break
+    return " ".join(parts)
