@@ -55,6 +55,8 @@ class EngineError(msgspec.Struct):
 
 EngineEvent = AudioChunk | Done | EngineError
 
+SLOW_CONSUMER = EngineError("The client read audio too slowly; the request was cancelled.", "slow_consumer")
+
 
 class EngineUnavailable(RuntimeError):
     pass
@@ -454,8 +456,7 @@ class AsyncEngine:
         stream.buffered_samples += len(pcm)
         stream.queue.put_nowait(AudioChunk(pcm))
         if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
-            self.cancel(request_id, EngineError(
-                "The client read audio too slowly; the request was cancelled.", "slow_consumer"))
+            self.cancel(request_id, SLOW_CONSUMER)
 
     def _end(self, message: m.Finished | m.Failed) -> None:
         stream = self._streams.pop(message.request_id, None)

@@ -27,7 +27,7 @@ from streamvox.agent.thinker import ThinkerError
 from streamvox.agent.vad import EnergyVad, VadSettings
 from streamvox.codecs.audio_io import Resampler
 from streamvox.codecs.g711 import alaw_to_pcm16, ulaw_to_pcm16
-from streamvox.engine.async_engine import AudioChunk, Done, EngineError
+from streamvox.engine.async_engine import SLOW_CONSUMER, AudioChunk, Done, EngineError
 from streamvox.engine.request import SpeechRequest
 from streamvox.realtime.realtime_session import RealtimeError, event_name, item_text, new_id
 from streamvox.realtime.speech import SpeechStats
@@ -129,7 +129,7 @@ async def _stop_pump(pump: asyncio.Task) -> None:
         log.exception("thinker pump failed")
 
 
-def _failed(error) -> dict:
+def failure_details(error: EngineError | ThinkerError | TranscriberError) -> dict:
     return {"type": "failed", "error": {"type": "server_error", "code": error.code, "message": error.message}}
 
 
@@ -180,6 +180,9 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
                         chunks += 1
                         stats.audio(len(pcm))
                         await send_audio(fmt.encode(resampler.process(pcm)))
+                        if s.sender.stalled:
+                            status, details = "failed", failure_details(SLOW_CONSUMER)
+                            break
                         await asyncio.sleep(0)  # let the reader see a cancel between deltas
                     case Done(reason="cancelled"):
                         break
@@ -190,7 +193,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
                             details = {"type": "incomplete", "reason": "max_output_tokens"}
                         break
                     case EngineError() as error:
-                        status, details = "failed", _failed(error)
+                        status, details = "failed", failure_details(error)
                         break
                 event = await events.__anext__()
         except StopAsyncIteration:
@@ -201,7 +204,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
             await _stop_pump(pump)  # a no-op when the thinker already finished
             await events.aclose()
     if r.thinker_error is not None:
-        status, details = "failed", _failed(r.thinker_error)
+        status, details = "failed", failure_details(r.thinker_error)
     if status == "cancelled":
         details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
     timings["done"] = _ms(t0)
@@ -230,7 +233,7 @@ async def think_text(s: RealtimeSession, r: Response, ids: dict) -> tuple[str, d
         finally:
             await _stop_pump(pump)
     if r.thinker_error is not None:
-        status, details = "failed", _failed(r.thinker_error)
+        status, details = "failed", failure_details(r.thinker_error)
     if status == "cancelled":
         details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
     s.metrics.requests.labels("realtime", status).inc()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 from streamvox.codecs.audio_io import Resampler
-from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.async_engine import SLOW_CONSUMER, AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.engine.request import SpeechRequest
 from streamvox.realtime import agent_turns
 from streamvox.realtime.metrics import Metrics
@@ -251,7 +251,7 @@ class RealtimeSession:
         self.info = engine.info
         self.metrics = metrics
         self.dialect = dialect
-        self.sender = Sender(websocket)
+        self.sender = Sender(websocket, engine.max_buffered_audio_s)
         self.session_id = new_id("sess")
         self.config: SessionConfig = default_config(self.info, websocket.query_params.get("model"))
         self.conversation = Conversation()
@@ -672,6 +672,9 @@ class RealtimeSession:
                             chunks += 1
                             stats.audio(len(pcm))
                             await send_audio(fmt.encode(resampler.process(pcm)))
+                            if self.sender.stalled:
+                                status, details = "failed", agent_turns.failure_details(SLOW_CONSUMER)
+                                break
                             # Neither a non-empty engine queue nor an unpaused socket suspends this task;
                             # yield so the loop reads client events (a cancel) between deltas.
                             await asyncio.sleep(0)
@@ -711,7 +714,4 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=accepted_subprotocol(websocket, "realtime"))
     dialect = Dialect.BETA if _beta_requested(websocket) else Dialect.GA
     session = RealtimeSession(websocket, state.engine, state.metrics, dialect, getattr(state, "responder", None))
-    try:
-        await session.run()
-    finally:
-        await session.sender.close(1000)
+    await session.sender.serve(session.run())

@@ -137,7 +137,7 @@ class SpeechStreamSession:
         self.engine = engine
         self.info = engine.info
         self.metrics = metrics
-        self.sender = Sender(websocket)
+        self.sender = Sender(websocket, engine.max_buffered_audio_s)
         self.config: StreamConfig | None = None
         self.open: Utterance | None = None  # taking input.text now
         self.active: Utterance | None = None  # being spoken now
@@ -331,27 +331,31 @@ class SpeechStreamSession:
                             return "error"
             return "error"
 
-        if u.config.split == "none":
-            if not self.info.streaming_text:
-                await u.closed.wait()
-            reason = await run_request("".join(u.pending), u.input_done)
-            u.pending.clear()
-        else:
-            splitter, reason = TextSplitter(u.config.split), "stop"
-            while reason == "stop":
-                piece = await u.text_queue.get()
-                final = piece is None
-                for sentence in splitter.add(piece or "", final):
-                    reason = await run_request(sentence, True)
-                    if reason != "stop":
+        reason = "cancelled"
+        try:
+            if u.config.split == "none":
+                if not self.info.streaming_text:
+                    await u.closed.wait()
+                reason = await run_request("".join(u.pending), u.input_done)
+                u.pending.clear()
+            else:
+                splitter, reason = TextSplitter(u.config.split), "stop"
+                while reason == "stop":
+                    piece = await u.text_queue.get()
+                    final = piece is None
+                    for sentence in splitter.add(piece or "", final):
+                        reason = await run_request(sentence, True)
+                        if reason != "stop":
+                            break
+                    if final:
                         break
-                if final:
-                    break
-            if u.cancelled:
-                reason = "cancelled"
-        if reason in ("stop", "length"):
-            await send_pcm(resampler.flush())
-        stats.end("ok" if reason in ("stop", "length") else reason, self.info.sample_rate)
+                if u.cancelled:
+                    reason = "cancelled"
+            if reason in ("stop", "length"):
+                await send_pcm(resampler.flush())
+        finally:  # also when the session's teardown cancels this task
+            reason = "error" if self.sender.stalled else reason
+            stats.end("ok" if reason in ("stop", "length") else reason, self.info.sample_rate)
         await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": total,
                                 "reason": reason})
 
@@ -364,7 +368,4 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=accepted_subprotocol(websocket))
     session = SpeechStreamSession(websocket, state.engine, state.metrics)
-    try:
-        await session.run()
-    finally:
-        await session.sender.close(1000)
+    await session.sender.serve(session.run())

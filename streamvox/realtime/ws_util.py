@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -70,12 +71,35 @@ async def decode_json_event(message: dict, max_bytes: int) -> dict:
 
 
 class Sender:
-    """Serialises sends from several tasks on one WebSocket; a failed send marks it closed."""
+    """Serialises sends from several tasks on one WebSocket; a failed send marks it closed.
 
-    def __init__(self, websocket: WebSocket) -> None:
+    A send that waits longer than `stall_limit_s` (the client read nothing meanwhile: the socket
+    buffers stayed full) marks the sender closed and `stalled`; the session then ends its request
+    as a slow consumer (docs/LIMITS.md), and `serve` stops waiting for the client's next message.
+    """
+
+    def __init__(self, websocket: WebSocket, stall_limit_s: float = 300.0) -> None:
         self.websocket = websocket
+        self.stall_limit_s = stall_limit_s
         self.closed = False
+        self.stalled = False
+        self._on_stall: Callable[[], object] | None = None
         self._lock = asyncio.Lock()
+
+    async def serve(self, session: Awaitable[None]) -> None:
+        """Run a session's reader, then close; a stall ends the reader (the client reads nothing, so
+        it will not answer a close either: its connection goes with the keep-alive ping)."""
+        task = asyncio.current_task()
+        self._on_stall = task.cancel
+        try:
+            await session
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise
+            task.uncancel()
+        finally:
+            self._on_stall = None
+            await self.close(1000)
 
     async def json(self, payload: dict) -> bool:
         return await self._send({"type": "websocket.send", "text": msgspec.json.encode(payload).decode()})
@@ -90,8 +114,15 @@ class Sender:
             if self.closed:
                 return False
             try:
-                await self.websocket.send(message)
+                async with asyncio.timeout(self.stall_limit_s):
+                    await self.websocket.send(message)
                 return True
+            except TimeoutError:
+                log.warning("a WebSocket client read nothing for %g s; dropping it", self.stall_limit_s)
+                self.closed = self.stalled = True
+                if self._on_stall is not None:
+                    self._on_stall()
+                return False
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
                 return False
