@@ -30,12 +30,17 @@ _AV_ENCODERS = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac":
 
 
 class Resampler:
-    """Streaming sample-rate conversion for one request (soxr keeps the filter state)."""
+    """Streaming sample-rate conversion for one request (soxr keeps the filter state).
+
+    soxr's medium quality ("MQ": 16-bit precision) matches the s16le that clients receive, at about
+    60% of the CPU of its default ("HQ", 20-bit); resampling runs on the event loop for every delta.
+    """
 
     def __init__(self, in_rate: int, out_rate: int) -> None:
         self.in_rate = in_rate
         self.out_rate = out_rate
-        self._stream = None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32")
+        self._stream = None if in_rate == out_rate else soxr.ResampleStream(
+            in_rate, out_rate, 1, dtype="float32", quality="MQ")
 
     def process(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
         if self._stream is None:

@@ -1,8 +1,15 @@
 """The engine front end that lives on the server's event loop.
 
 `AsyncEngine` starts the engine core in its own process and talks to it over
-ZMQ (msgspec headers, raw PCM frames). Each request gets an asyncio queue of
-events; nothing here waits for compute.
+ZMQ (msgspec headers, raw PCM frames). Each request gets a queue of events;
+nothing here waits for compute.
+
+Consumers take turns (`LoopTurns`). The core sends the audio of many
+requests in one message, and what a consumer does per delta (resampling,
+encoding, writing) costs the loop about a millisecond per second of audio;
+waking every consumer at once would stall the loop for tens of milliseconds
+under a few hundred streams. So each delta a consumer takes is one turn,
+priced by the audio it carries.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import multiprocessing
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import msgspec
@@ -22,12 +30,18 @@ import zmq
 
 from streamvox.engine import messages as m
 from streamvox.engine.core import run_engine_core
+from streamvox.engine.loop_turns import LoopTurns
 from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import ModelInfo
 
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGES_PER_WAKEUP = 256
+_MAX_DELTA_S = 0.5  # queued audio merged into one delta: under load, fewer and larger deltas
+# Loop time a consumer spends per second of audio (resample, s16le, base64/JSON, write: ~0.8 ms measured on
+# the 2-core benchmark machine, benchmarks/RESULTS.md), and the least a turn costs.
+_LOOP_MS_PER_AUDIO_S = 1.0
+_MIN_TURN_MS = 0.1
 
 
 class AudioChunk(msgspec.Struct):
@@ -81,13 +95,21 @@ class VoiceRefused(Exception):
 
 
 class _Stream:
-    """Front-end state of one request: its event queue and buffered audio."""
+    """Front-end state of one request: its queued events, its consumer's turn, buffered audio."""
 
-    __slots__ = ("queue", "buffered_samples")
+    __slots__ = ("events", "turn", "turn_queued", "buffered_samples", "sample_rate")
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+    def __init__(self, sample_rate: int) -> None:
+        self.events: deque[EngineEvent] = deque()
+        self.turn: asyncio.Future | None = None  # the consumer waits for it
+        self.turn_queued = False
         self.buffered_samples = 0
+        self.sample_rate = sample_rate
+
+    def turn_cost_ms(self) -> float:
+        """The loop time of the consumer's next turn: one delta of at most `_MAX_DELTA_S`."""
+        audio_s = min(self.buffered_samples / self.sample_rate, _MAX_DELTA_S)
+        return max(_MIN_TURN_MS, audio_s * _LOOP_MS_PER_AUDIO_S)
 
 
 class AsyncEngine:
@@ -113,6 +135,7 @@ class AsyncEngine:
         self.info: ModelInfo | None = None
         self.on_core_exit: Callable[[int | None], None] | None = None  # e.g. exit the server
         self._streams: dict[str, _Stream] = {}
+        self.turns = LoopTurns()  # shared with the routes: new requests take a turn too
         self._process: multiprocessing.process.BaseProcess | None = None
         self._ready: asyncio.Event = asyncio.Event()
         self._closing = False
@@ -244,7 +267,7 @@ class AsyncEngine:
 
     def _fail_all(self, error: EngineError) -> None:
         for stream in self._streams.values():
-            stream.queue.put_nowait(error)
+            self._post(stream, error)
         self._streams.clear()
 
     def _close_sockets(self) -> None:
@@ -354,24 +377,28 @@ class AsyncEngine:
         if not self.is_ready:
             yield EngineError("The speech engine is not available.", "engine_unavailable")
             return
-        stream = _Stream()
+        stream = _Stream(self.info.sample_rate)
         request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id}")
         self._streams[request_id] = stream
         self._send(m.AddRequest(request))
         finished = False
+        events = stream.events
+        loop = asyncio.get_running_loop()
         try:
             while not finished:
-                event = await stream.queue.get()
+                stream.turn, stream.turn_queued = loop.create_future(), False
+                if events:
+                    self._queue_turn(stream)
+                await stream.turn
+                event = events.popleft()
                 if isinstance(event, AudioChunk):
-                    # Merge the audio that queued up meanwhile: under load, fewer and larger deltas.
-                    # At most ~1 s per merged delta: a stalled client's backlog is not copied (and written to
-                    # its transport) in one piece, which would multiply its memory several times over.
-                    parts, merged, cap = [event.pcm], len(event.pcm), self.info.sample_rate
-                    while (merged < cap and not stream.queue.empty()
-                           and isinstance(stream.queue._queue[0], AudioChunk)):
-                        parts.append(stream.queue.get_nowait().pcm)
+                    # Merge the audio that queued up meanwhile, up to a cap: a stalled client's backlog is not
+                    # copied (and written to its transport) in one piece, and one turn stays short.
+                    parts, merged, cap = [event.pcm], len(event.pcm), int(_MAX_DELTA_S * self.info.sample_rate)
+                    while merged < cap and events and isinstance(events[0], AudioChunk):
+                        parts.append(events.popleft().pcm)
                         merged += len(parts[-1])
                     event = AudioChunk(np.concatenate(parts)) if len(parts) > 1 else event
                     stream.buffered_samples -= len(event.pcm)
@@ -398,7 +425,16 @@ class AsyncEngine:
         if stream is None:
             return
         self._send(m.Cancel(request_id))
-        stream.queue.put_nowait(error or Done("cancelled", 0, 0))
+        self._post(stream, error or Done("cancelled", 0, 0))
+
+    def _post(self, stream: _Stream, event: EngineEvent) -> None:
+        stream.events.append(event)
+        if stream.turn is not None and not stream.turn_queued:
+            self._queue_turn(stream)
+
+    def _queue_turn(self, stream: _Stream) -> None:
+        stream.turn_queued = True
+        self.turns.queue(stream.turn, stream.turn_cost_ms)
 
     def _send(self, message: m.CoreInput) -> None:
         if self._outbox is not None:
@@ -454,7 +490,7 @@ class AsyncEngine:
             return
         pcm = np.frombuffer(frame.buffer, dtype="<f4")
         stream.buffered_samples += len(pcm)
-        stream.queue.put_nowait(AudioChunk(pcm))
+        self._post(stream, AudioChunk(pcm))
         if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
             self.cancel(request_id, SLOW_CONSUMER)
 
@@ -463,9 +499,9 @@ class AsyncEngine:
         if stream is None:
             return
         if isinstance(message, m.Finished):
-            stream.queue.put_nowait(Done(message.reason, message.input_tokens, message.output_tokens))
+            self._post(stream, Done(message.reason, message.input_tokens, message.output_tokens))
         else:
-            stream.queue.put_nowait(EngineError(message.message, message.code, message.param))
+            self._post(stream, EngineError(message.message, message.code, message.param))
 
 
 def new_request_id(prefix: str = "req") -> str:

@@ -34,6 +34,7 @@ _IDLE_POLL_MS = 500  # also how often an idle core checks that its parent is ali
 # step forwards many buffers (fewer wakeups and messages); first packets and control messages still wake
 # the core at once.
 _BATCH_WINDOW_S = 0.002
+_CORE_NICE = 10
 
 
 class _Paced:
@@ -273,6 +274,12 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
     from streamvox.models import load_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    # The server's event loop is the latency-critical process: when the CPUs are contended, it runs first
+    # (its lag is what every stream's timing rests on). The core still gets every idle cycle.
+    try:
+        os.nice(_CORE_NICE)
+    except OSError:
+        pass
     core = None
     try:
         # Fault injection for tests of the restart backoff: while this file exists, the core fails at start.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -127,6 +128,10 @@ def build_app(settings: ServerSettings) -> Starlette:
         await state.engine.start()
         if state.responder is not None:
             await state.responder.start()
+        # Startup objects (modules, the app, the model info) live for the whole run: frozen, they leave the
+        # collector's view, so a full collection scans only per-request objects (~1 ms, not ~15 ms here).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

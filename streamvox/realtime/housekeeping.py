@@ -3,9 +3,11 @@
 glibc's allocator keeps memory that Python freed (audio buffers of finished
 streams, mostly) in its arenas, so a server's RSS stays at its busiest level
 long after the load is gone. When no request and no WebSocket session has
-been active for a moment, `malloc_trim(0)` returns that memory. It runs in a
-worker thread, only when idle, and only on glibc; `STREAMVOX_MALLOC_TRIM=0`
-turns it off.
+been active for a moment, a full garbage collection frees what reference
+cycles still hold (a disconnect's exception keeps its frames, and their audio
+buffers, alive until then), and `malloc_trim(0)` returns the freed memory. The
+trim runs in a worker thread, only when idle, and only on glibc;
+`STREAMVOX_MALLOC_TRIM=0` turns it off.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 
@@ -43,5 +46,6 @@ async def trim_when_idle(is_idle, interval_s: float = 2.0) -> None:
         if not is_idle():
             trimmed = False
         elif not trimmed:
+            gc.collect()
             await asyncio.to_thread(trim, 0)
             trimmed = True

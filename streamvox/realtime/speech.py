@@ -105,8 +105,14 @@ async def synthesize(engine: AsyncEngine, params: SpeechParams, stats: SpeechSta
     raise APIError(503, "The request ended without a result.", code="engine_unavailable")
 
 
+# Loop time to admit one request (HTTP parsing, validation, submission), for `LoopTurns`: a few hundred
+# clients connecting at once are admitted over several loop iterations, not in one long one.
+_ADMISSION_COST_MS = 0.5
+
+
 async def speech(request: Request) -> Response:
     app = request.app.state.streamvox
+    await app.engine.turns.wait(_ADMISSION_COST_MS)
     stats = SpeechStats(app.metrics, "speech")
     try:
         params = await parse_body(app.engine, await read_json(request))
