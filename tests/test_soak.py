@@ -29,9 +29,8 @@ def test_random_disconnects_leave_nothing_behind(tmp_path):
     assert result["requests"] == REQUESTS and result["n_client_errors"] == 0, result
     assert result["active_after"] == 0 and result["ws_sessions_after"] == 0, result
     assert result["engine_restarts"] == 0 and result["request_after_ok"], result
-    # The brief's bound is 10% (checked by benchmarks/soak_disconnects.py). Measured here, RSS after a burst
-    # scatters by 5-20% around its post-warm-up value with no trend over 2000 requests, and tracemalloc finds
-    # ~80 KB of Python allocations surviving 400 requests: allocator fragmentation, not a leak. A leak of the
-    # size that matters (>100 KB per request) still fails this looser bound.
-    assert result["api_rss_ratio"] <= 1.25, result
+    # The brief's bound is 10% (checked by benchmarks/soak_disconnects.py over 1000 requests: 1.015-1.059 in three
+    # runs). This shorter run scatters more (1.001 and 1.086 measured): the bound leaves room for that while a leak
+    # of the size that matters (>100 KB per request) still fails it.
+    assert result["api_rss_ratio"] <= 1.15, result
     assert "Exception in ASGI application" not in log_text, log_text[-3000:]
