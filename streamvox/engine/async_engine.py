@@ -8,8 +8,7 @@ Consumers take turns (`LoopTurns`). The core sends the audio of many
 requests in one message, and what a consumer does per delta (resampling,
 encoding, writing) costs the loop about a millisecond per second of audio;
 waking every consumer at once would stall the loop for tens of milliseconds
-under a few hundred streams. So each delta a consumer takes is one turn,
-priced by the audio it carries.
+under a few hundred streams. So each delta a consumer takes is one turn.
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ log = logging.getLogger(__name__)
 
 _MAX_MESSAGES_PER_WAKEUP = 256
 _MAX_DELTA_S = 0.5  # queued audio merged into one delta: under load, fewer and larger deltas
-# Loop time a consumer spends per second of audio (resample, s16le, base64/JSON, write: ~0.8 ms measured on
-# the 2-core benchmark machine, benchmarks/RESULTS.md), and the least a turn costs.
-_LOOP_MS_PER_AUDIO_S = 1.0
-_MIN_TURN_MS = 0.1
+# Loop time of one consumer turn (one delta: resample, s16le, base64/JSON, write). Measured on the 2-core
+# benchmark machine under 200 SSE streams: median 0.7 ms per turn, nearly flat in the delta's length (~1.4 s).
+_TURN_COST_MS = 0.75
 
 
 class AudioChunk(msgspec.Struct):
@@ -97,19 +95,13 @@ class VoiceRefused(Exception):
 class _Stream:
     """Front-end state of one request: its queued events, its consumer's turn, buffered audio."""
 
-    __slots__ = ("events", "turn", "turn_queued", "buffered_samples", "sample_rate")
+    __slots__ = ("events", "turn", "turn_queued", "buffered_samples")
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self) -> None:
         self.events: deque[EngineEvent] = deque()
         self.turn: asyncio.Future | None = None  # the consumer waits for it
         self.turn_queued = False
         self.buffered_samples = 0
-        self.sample_rate = sample_rate
-
-    def turn_cost_ms(self) -> float:
-        """The loop time of the consumer's next turn: one delta of at most `_MAX_DELTA_S`."""
-        audio_s = min(self.buffered_samples / self.sample_rate, _MAX_DELTA_S)
-        return max(_MIN_TURN_MS, audio_s * _LOOP_MS_PER_AUDIO_S)
 
 
 class AsyncEngine:
@@ -377,7 +369,7 @@ class AsyncEngine:
         if not self.is_ready:
             yield EngineError("The speech engine is not available.", "engine_unavailable")
             return
-        stream = _Stream(self.info.sample_rate)
+        stream = _Stream()
         request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id}")
@@ -434,7 +426,7 @@ class AsyncEngine:
 
     def _queue_turn(self, stream: _Stream) -> None:
         stream.turn_queued = True
-        self.turns.queue(stream.turn, stream.turn_cost_ms)
+        self.turns.queue(stream.turn, _TURN_COST_MS)
 
     def _send(self, message: m.CoreInput) -> None:
         if self._outbox is not None:

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-
-Cost = float | Callable[[], float]
 
 
 class LoopTurns:
     def __init__(self, budget_ms: float = 2.0) -> None:
         self.budget_ms = budget_ms
-        self._waiting: deque[tuple[asyncio.Future, Cost]] = deque()
+        self._waiting: deque[tuple[asyncio.Future, float]] = deque()
         self._granting = False
 
-    def queue(self, turn: asyncio.Future, cost: Cost) -> None:
-        """Resolve `turn` when its turn comes; `cost` is read then (a callable sees the latest state)."""
-        self._waiting.append((turn, cost))
+    def queue(self, turn: asyncio.Future, cost_ms: float) -> None:
+        """Resolve `turn` when its turn comes."""
+        self._waiting.append((turn, cost_ms))
         if not self._granting:
             self._granting = True
             asyncio.get_running_loop().call_soon(self._grant)
@@ -45,9 +42,9 @@ class LoopTurns:
         waiting = self._waiting
         budget = self.budget_ms
         while waiting and budget > 0:
-            turn, cost = waiting.popleft()
+            turn, cost_ms = waiting.popleft()
             if not turn.done():  # a cancelled waiter costs nothing
-                budget -= cost() if callable(cost) else cost
+                budget -= cost_ms
                 turn.set_result(None)
         if waiting:  # the rest in the next iteration, after the tasks just woken have run
             asyncio.get_running_loop().call_soon(self._grant)
