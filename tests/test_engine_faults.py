@@ -111,3 +111,40 @@ def test_engine_failing_at_first_start_exits_instead_of_looping():
     assert process.returncode != 0
     assert time.monotonic() - started < 30
     assert b"engine core exited before its model was ready" in process.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie waiting for its reaper has exited
+    except FileNotFoundError:
+        return False
+
+
+def _read_until_cut(server) -> None:
+    try:
+        _stream_until_killed(server, {})
+    except httpx.HTTPError:
+        pass  # the server was killed: expected
+
+
+def test_engine_core_exits_when_the_server_is_killed_mid_stream():
+    """A SIGKILLed server leaves its engine core orphaned with requests running: the core must notice and exit
+    (it used to block forever sending audio nobody reads, holding its synthesis children)."""
+    server = start_server()
+    try:
+        engine_pid = httpx.get(f"{server.url}/health").json()["engine_pid"]
+        readers = [threading.Thread(target=_read_until_cut, args=(server,), daemon=True) for _ in range(64)]
+        for reader in readers:
+            reader.start()
+        time.sleep(1.0)
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(engine_pid), "the engine core outlived its server"
+    finally:
+        server.stop()
+        if _alive(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)

@@ -134,6 +134,10 @@ class Pacer:
         return max(0.0, self._next_deadline - now)
 
 
+class FrontEndGone(Exception):
+    """The server process that started this core has exited."""
+
+
 class EngineCore:
     """Owns the runner and the core side of the ZMQ transport; also the runner's output sink."""
 
@@ -143,6 +147,8 @@ class EngineCore:
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.connect(input_address)
         self._outbox = self._context.socket(zmq.PUSH)
+        # A send blocks once the front end stops reading; time out now and then to see whether it is gone.
+        self._outbox.setsockopt(zmq.SNDTIMEO, _IDLE_POLL_MS)
         self._outbox.connect(output_address)
         self._parent = os.getppid()
         self.pacer = Pacer(runner.info.sample_rate)
@@ -168,8 +174,7 @@ class EngineCore:
             return
         header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
-        # Copied: cheaper than zero-copy at these sizes, whose release is tracked by pyzmq's garbage thread.
-        self._outbox.send_multipart(frames, copy=True)
+        self._push(frames)
         self._audio = []
         self._ended = []
 
@@ -261,7 +266,18 @@ class EngineCore:
 
     def _send(self, message: m.CoreOutput) -> None:
         self._send_outputs()  # keep order: anything queued for the front end goes first
-        self._outbox.send(m.output_encoder.encode(message))
+        self._push([m.output_encoder.encode(message)])
+
+    def _push(self, frames: list) -> None:
+        """Send to the front end; raise `FrontEndGone` if it died (its messages would queue, then block, forever)."""
+        while True:
+            try:
+                # Copied: cheaper than zero-copy at these sizes, whose release is tracked by pyzmq's garbage thread.
+                self._outbox.send_multipart(frames, copy=True)
+                return
+            except zmq.Again:
+                if os.getppid() != self._parent:
+                    raise FrontEndGone from None
 
     def close(self) -> None:
         self._inbox.close(linger=0)
@@ -288,6 +304,8 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
             raise RuntimeError(f"injected start failure ({fault_file} exists)")
         core = EngineCore(load_runner(model, **model_options), input_address, output_address)
         core.run()
+    except FrontEndGone:
+        log.warning("the server process is gone; the engine core exits")
     except Exception as exc:  # report, then exit non-zero so the front end notices
         log.error("engine core crashed:\n%s", traceback.format_exc())
         if core is not None:
