@@ -211,6 +211,47 @@ class FrameStepper:
             h = ts.layer(i, h, cos, sin, attend)
         return ts.rms(h[0, -1], ts.norm_w, ts.norm_eps)
 
+    def prefill_batch(self, slots: list[int], embeds: list[torch.Tensor]) -> None:
+        """Several prompts (`[n_i, H]` each) in one forward over the fused talker stack, right-padded to
+        the longest; each row's keys/values go to its KV slot and its last real position's hidden state
+        chooses its first codebook-0 id (as `prefill` + `prefill_done`, for all rows at once).
+
+        Causal attention keeps every real position blind to the padding after it; the padded positions'
+        keys are written too, past each row's length, where the frame step masks them out until it
+        overwrites them. Slots must be reset (`reset_slot`) first."""
+        b = len(slots)
+        lens = [int(e.shape[0]) for e in embeds]
+        n = max(lens)
+        ts = self.tstack
+        kc, vc = self.cache.k, self.cache.v
+        dev = self.device
+        idx = torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True)
+        last = torch.tensor([x - 1 for x in lens], dtype=torch.long).to(dev, non_blocking=True)
+        if b == 1:
+            x = embeds[0][None]
+        else:
+            x = embeds[0].new_zeros(b, n, embeds[0].shape[1])
+            for i, e in enumerate(embeds):
+                x[i, : e.shape[0]] = e
+        cos, sin = self.talker.model.rotary(torch.arange(n, device=dev)[None], x.dtype)
+
+        def attend(i, q, k, v):
+            kc[i, idx, :, :n] = k
+            vc[i, idx, :, :n] = v
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=ts.gqa)
+
+        h = x
+        for i in range(len(ts.layers)):
+            h = ts.layer(i, h, cos, sin, attend)
+        h = ts.rms(h[torch.arange(b, device=dev), last], ts.norm_w, ts.norm_eps)  # [b, H]
+        self.pos[idx] = last + 1
+        self.hidden[idx] = h
+        logits = self.talker.codec_head(h).float()
+        tok = self._choose(logits, idx)
+        self.token[idx] = tok
+        self.seen[idx, tok] = True  # fresh slots: nothing seen yet, one id each
+        self.count[idx] += 1
+
     def prefill_done(self, slot: int, length: int, hidden: torch.Tensor) -> None:
         """After the prompt of `length` positions: store the last hidden state and choose codebook 0."""
         self.pos[slot] = length
@@ -223,7 +264,7 @@ class FrameStepper:
 
     # ------------------------------------------------------------------ the step
 
-    def _choose(self, logits: torch.Tensor, s: slice) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, s: slice | torch.Tensor) -> torch.Tensor:
         pen = self.penalty[s, None]
         penalised = torch.where(logits < 0, logits * pen, logits / pen)
         logits = torch.where(self.seen[s], penalised, logits)

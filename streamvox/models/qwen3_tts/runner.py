@@ -9,8 +9,8 @@ Each step:
    next codebook-0 id (batched over slots of different lengths with a key mask).
    A request still waiting for its next text token is skipped: it burns no pad;
 3. chunking: buffered frames go to the streaming codec decoder in one batched call
-   (first chunk `initial_codec_chunk_frames`, then `codec_chunk_frames`) and the new
-   samples are sent with `sink.audio`.
+   (first chunk `initial_codec_chunk_frames` or 1-2 frames by load, then doubling up to
+   `codec_chunk_frames`) and the new samples are sent with `sink.audio`.
 GPU fast path (`cuda_graphs.FrameStepper`, on by default on CUDA; env `STREAMVOX_QWEN3_FAST`=0/1 forces
 it off/on): greedy requests keep their pending id and hidden state in slot-indexed device buffers, and
 each step is one CUDA-graph replay per (row bucket, attention width) with no host sync; the chosen ids
@@ -27,7 +27,6 @@ its `_Request` and is dropped on finish, failure or `release`.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +144,7 @@ class _Request:
     n_frames: int = 0
     buffer: list[torch.Tensor] = field(default_factory=list)
     chunks: int = 0
+    first_chunk: int = 1  # frames in the first chunk (later chunks double from it)
     codec_state: Any = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -174,6 +174,7 @@ class Qwen3TTSRunner:
         max_ref_audio_seconds: float = 60.0,
         on_frame: Callable[[str, torch.Tensor], None] | None = None,
         name: str | None = None,
+        max_prefill_tokens: int = 16384,
     ) -> None:
         self.model = model
         self.codec = codec
@@ -183,6 +184,11 @@ class Qwen3TTSRunner:
         self.max_instruction_tokens = max_instruction_tokens
         self.max_ref_audio_seconds = max_ref_audio_seconds
         self.on_frame = on_frame
+        # Batched prefill (fast path): at most this many prompts / padded positions per forward.
+        # STREAMVOX_QWEN3_BATCH_PREFILL=0 runs the fast path's prompts one at a time.
+        self.batch_prefill = os.environ.get("STREAMVOX_QWEN3_BATCH_PREFILL", "1") != "0"
+        self.max_prefill_batch = max_batch if self.batch_prefill else 1
+        self.max_prefill_tokens = max_prefill_tokens
         cfg = model.cfg
         self.task = cfg.tts_model_type or "custom_voice"
         tc = cfg.talker
@@ -451,16 +457,17 @@ class Qwen3TTSRunner:
 
     @torch.inference_mode()
     def step(self, sink: OutputSink) -> None:
+        ready: list[_Request] = []
         for rid in list(self.order):
+            if len(ready) >= len(self.free_slots):
+                break
             req = self.requests.get(rid)
-            if req is None or req.slot is not None or req.finish_reason is not None or not self.free_slots:
+            if req is None or req.slot is not None or req.finish_reason is not None:
                 continue
             if self.model.prompt_ready(req.spec, req.track, req.text_done):
-                try:
-                    self._prefill(req)
-                except RequestError as e:
-                    self.release(rid)
-                    sink.failed(rid, e)
+                ready.append(req)
+        if ready:
+            self._prefill(ready, sink)
         batch = [r for r in (self.requests[i] for i in self.order) if r.decoding and self._can_decode(r)]
         slow = [r for r in batch if not r.fast]
         fast = [r for r in batch if r.fast]
@@ -475,7 +482,34 @@ class Qwen3TTSRunner:
             return True  # no text needed (last frame, or pad-only track)
         return req.text_done or req.offset < len(req.track)
 
-    def _prefill(self, req: _Request) -> None:
+    def _prefill(self, ready: list[_Request], sink: OutputSink) -> None:
+        """Admit the ready requests (first come, first served) into free slots and run their prompts.
+
+        Fast-path (greedy) prompts go through the talker together, in groups of at most
+        `max_prefill_batch` prompts and `max_prefill_tokens` padded positions (one forward each), so a
+        burst of arrivals costs one prefill rather than one per request; the others run one by one."""
+        group: list[tuple[_Request, torch.Tensor]] = []
+        for req in ready:
+            try:
+                embeds = self._admit(req)
+            except RequestError as e:
+                self.release(req.rid)
+                sink.failed(req.rid, e)
+                continue
+            if not req.fast:
+                self._prefill_eager(req, embeds)
+                continue
+            longest = max([embeds.shape[0]] + [e.shape[0] for _, e in group])
+            if group and (len(group) >= self.max_prefill_batch
+                          or longest * (len(group) + 1) > self.max_prefill_tokens):
+                self._prefill_fast(group)
+                group = []
+            group.append((req, embeds))
+        if group:
+            self._prefill_fast(group)
+
+    def _admit(self, req: _Request) -> torch.Tensor:
+        """Build the prompt, take a KV slot and set the request's positions; returns the prompt embeddings."""
         if req.text_done and not req.has_words:
             raise RequestError("input text is empty", param="input")
         prompt = self.model.build_prompt(req.spec, req.track, req.text_done)
@@ -487,16 +521,28 @@ class Qwen3TTSRunner:
         req.slot = self.free_slots.pop(0)
         req.prompt_tokens = n
         req.length, req.offset = n, prompt.track_offset
-        if self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy:
-            req.fast = True
-            self.stepper.reset_slot(req.slot, req.talker_settings.repetition_penalty)
-            last = self.stepper.prefill(req.slot, prompt.embeds)  # fused (and compiled on CUDA) stack
-            self.stepper.prefill_done(req.slot, n, last)
+        req.fast = self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy
+        return prompt.embeds
+
+    def _prefill_fast(self, group: list[tuple[_Request, torch.Tensor]]) -> None:
+        st = self.stepper
+        assert st is not None
+        for req, _ in group:
+            st.reset_slot(req.slot, req.talker_settings.repetition_penalty)  # type: ignore[arg-type]
+        if len(group) == 1 and not self.batch_prefill:
+            req, embeds = group[0]
+            last = st.prefill(req.slot, embeds)  # type: ignore[arg-type]
+            st.prefill_done(req.slot, embeds.shape[0], last)  # type: ignore[arg-type]
+        else:
+            st.prefill_batch([r.slot for r, _ in group], [e for _, e in group])  # type: ignore[misc]
+        for req, _ in group:
             req.token = 0  # the real id stays on the device (MIN_NEW_TOKENS rules out end-of-speech here)
             req.history.append(0)
-            return
+
+    def _prefill_eager(self, req: _Request, embeds: torch.Tensor) -> None:
+        n = embeds.shape[0]
         pos = torch.arange(n, device=self.model.device)[None]
-        h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
+        h = self.model.talker.model.run(embeds[None], pos, _PrefillView(self.cache, req.slot))  # type: ignore[arg-type]
         req.hidden = h[0, -1]
         logits = self.model.talker.codec_head(req.hidden).float()
         self._choose(req, logits)
@@ -654,15 +700,22 @@ class Qwen3TTSRunner:
     def _first_chunk(self, req: _Request) -> int:
         if req.initial_chunk is not None:
             return req.initial_chunk
-        # Few concurrent streams: a small first chunk for latency; many: larger, to keep throughput.
-        active = len(self.requests)
-        return min(self.codec_chunk_frames, 2 * max(1, math.ceil(active / 4)))
+        # A small first chunk for latency (one frame with few streams, two with many); the chunks after
+        # it double (see `_chunk_size`), so the per-call cost of the decoder stays bounded.
+        return min(self.codec_chunk_frames, 1 if len(self.requests) <= 4 else 2)
+
+    def _chunk_size(self, req: _Request) -> int:
+        """Frames in the request's next chunk: the first chunk, then doubling up to `codec_chunk_frames`
+        (e.g. 1, 2, 4, 8, 16, 25, 25, ...). Each chunk's audio lasts as long as the time to generate
+        the next at >= 2x real time, so playback never waits for a chunk once it has started."""
+        if req.chunks == 0:
+            return self._first_chunk(req)
+        return min(self.codec_chunk_frames, req.first_chunk << min(req.chunks, 16))
 
     def _chunk_due(self, req: _Request) -> bool:
         if req.finish_reason is not None:
             return True
-        want = self._first_chunk(req) if req.chunks == 0 else self.codec_chunk_frames
-        return len(req.buffer) >= want
+        return len(req.buffer) >= self._chunk_size(req)
 
     def _emit(self, sink: OutputSink, block: bool = False) -> None:
         due = [r for r in (self.requests[i] for i in self.order) if (r.buffer and self._chunk_due(r))]
@@ -689,6 +742,8 @@ class Qwen3TTSRunner:
                 if pcm.size:
                     sink.audio(req.rid, pcm)
         for req in due:
+            if req.chunks == 0:
+                req.first_chunk = len(req.buffer)
             req.buffer.clear()
             req.chunks += 1
         self._poll(sink, block and not due)
