@@ -151,6 +151,9 @@ class FrameStepper:
         fns = _compiled_fns(use_compile)
         self.tstack = _FusedStack(self.talker.model, fns)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns)
+        self._pred = self._pred_pass
+        if use_compile and os.environ.get("STREAMVOX_QWEN3_COMPILE_PREDICTOR", "1") != "0":
+            self._pred = torch.compile(self._pred_pass, dynamic=True, fullgraph=True)
         pc = self.talker.code_predictor.cfg
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
@@ -285,29 +288,15 @@ class FrameStepper:
         first = self.token[s]
         hidden = self.hidden[s]
         # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
-        ps = self.pstack
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
         codes = [first]
         start = 0
         for j in range(self.groups - 1):
             n = x.shape[1]
-            end = start + n
-
-            def attend(i, q, k, v, start=start, end=end, n=n):
-                self.pk[i, :rows, :, start:end] = k
-                self.pv[i, :rows, :, start:end] = v
-                return F.scaled_dot_product_attention(q, self.pk[i, :rows, :, :end], self.pv[i, :rows, :, :end],
-                                                      is_causal=n > 1, enable_gqa=ps.gqa)
-
-            cos = self.pcos[:, start:end].expand(rows, -1, -1)
-            sin = self.psin[:, start:end].expand(rows, -1, -1)
-            h = cp.small_to_mtp_projection(x)
-            for i in range(len(ps.layers)):
-                h = ps.layer(i, h, cos, sin, attend)
-            h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
-            tok = cp.lm_head[j](h).float().argmax(-1)
+            tok = self._pred(x, self.pk, self.pv, self.pcos[:, start:start + n], self.psin[:, start:start + n],
+                             start, cp.lm_head[j].weight)
             codes.append(tok)
-            start = end
+            start += n
             if j + 1 < self.groups - 1:
                 x = cp.model.codec_embedding[j](tok)[:, None]
         frames = torch.stack(codes, dim=1)
@@ -338,6 +327,25 @@ class FrameStepper:
         self._record(tok, s, active)
         self.pos[s] += active.long()
 
+    def _pred_pass(self, x, pk, pv, cos, sin, start: int, w_head):
+        """One code-predictor pass: `x` `[rows, n, H_talker]` at positions `[start, start + n)` through
+        the projection, the 5 layers (keys/values into the scratch cache `pk`/`pv`) and codebook head
+        `w_head`; returns the greedy ids `[rows]`. Compiled whole on CUDA (`STREAMVOX_QWEN3_COMPILE_PREDICTOR`),
+        so norms, RoPE, cache writes and residuals fuse across layer boundaries: fewer kernels per pass."""
+        ps = self.pstack
+        rows, n = x.shape[0], x.shape[1]
+        end = start + n
+        h = self.talker.code_predictor.small_to_mtp_projection(x)
+        for i, p in enumerate(ps.layers):
+            q, k, v = ps.pre(h, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, ps.eps, ps.nh, ps.nkv, ps.hd)
+            pk[i, :rows, :, start:end] = k
+            pv[i, :rows, :, start:end] = v
+            a = F.scaled_dot_product_attention(q, pk[i, :rows, :, :end], pv[i, :rows, :, :end], is_causal=n > 1,
+                                               enable_gqa=ps.gqa)
+            h = ps.post(h, a, p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], ps.eps, ps.inter)
+        h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
+        return F.linear(h, w_head).float().argmax(-1)
+
     def step(self, rows: int, width: int) -> None:
         """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`)."""
         if not self.use_graphs:
@@ -363,6 +371,7 @@ class FrameStepper:
             except Exception:  # a torch.compile failure: fall back to the uncompiled functions
                 log.exception("compiled frame step failed; continuing without torch.compile")
                 fns = _compiled_fns(False)
+                self._pred = self._pred_pass
                 self.tstack.pre, self.tstack.post, self.tstack.rms = fns
                 self.pstack.pre, self.pstack.post, self.pstack.rms = fns
             for _ in range(2):
