@@ -294,7 +294,7 @@ class FrameStepper:
         for j in range(self.groups - 1):
             n = x.shape[1]
             tok = self._pred(x, self.pk, self.pv, self.pcos[:, start:start + n], self.psin[:, start:start + n],
-                             start, cp.lm_head[j].weight)
+                             start, cp.lm_head[j].weight, n > 1)
             codes.append(tok)
             start += n
             if j + 1 < self.groups - 1:
@@ -327,7 +327,7 @@ class FrameStepper:
         self._record(tok, s, active)
         self.pos[s] += active.long()
 
-    def _pred_pass(self, x, pk, pv, cos, sin, start: int, w_head):
+    def _pred_pass(self, x, pk, pv, cos, sin, start: int, w_head, causal: bool):
         """One code-predictor pass: `x` `[rows, n, H_talker]` at positions `[start, start + n)` through
         the projection, the 5 layers (keys/values into the scratch cache `pk`/`pv`) and codebook head
         `w_head`; returns the greedy ids `[rows]`. Compiled whole on CUDA (`STREAMVOX_QWEN3_COMPILE_PREDICTOR`),
@@ -340,7 +340,7 @@ class FrameStepper:
             q, k, v = ps.pre(h, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, ps.eps, ps.nh, ps.nkv, ps.hd)
             pk[i, :rows, :, start:end] = k
             pv[i, :rows, :, start:end] = v
-            a = F.scaled_dot_product_attention(q, pk[i, :rows, :, :end], pv[i, :rows, :, :end], is_causal=n > 1,
+            a = F.scaled_dot_product_attention(q, pk[i, :rows, :, :end], pv[i, :rows, :, :end], is_causal=causal,
                                                enable_gqa=ps.gqa)
             h = ps.post(h, a, p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], ps.eps, ps.inter)
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
@@ -368,12 +368,16 @@ class FrameStepper:
         with torch.cuda.stream(side):
             try:
                 self._forward(rows, width)
-            except Exception:  # a torch.compile failure: fall back to the uncompiled functions
-                log.exception("compiled frame step failed; continuing without torch.compile")
-                fns = _compiled_fns(False)
+            except Exception:  # a torch.compile failure: first drop the whole-pass predictor compile
+                log.exception("compiled predictor pass failed; continuing with the compiled layer halves only")
                 self._pred = self._pred_pass
-                self.tstack.pre, self.tstack.post, self.tstack.rms = fns
-                self.pstack.pre, self.pstack.post, self.pstack.rms = fns
+                try:
+                    self._forward(rows, width)
+                except Exception:  # then torch.compile altogether
+                    log.exception("compiled frame step failed; continuing without torch.compile")
+                    fns = _compiled_fns(False)
+                    self.tstack.pre, self.tstack.post, self.tstack.rms = fns
+                    self.pstack.pre, self.pstack.post, self.pstack.rms = fns
             for _ in range(2):
                 self._forward(rows, width)
         torch.cuda.current_stream().wait_stream(side)
