@@ -197,6 +197,7 @@ class FrameStepper:
         self.seen[slot].zero_()
         self.penalty[slot] = penalty
 
+    @torch.inference_mode()
     def prefill(self, slot: int, embeds: torch.Tensor) -> torch.Tensor:
         """Run a prompt `[n, H]` through the fused talker stack into KV slot `slot`; the last hidden state."""
         n = embeds.shape[0]
@@ -214,6 +215,7 @@ class FrameStepper:
             h = ts.layer(i, h, cos, sin, attend)
         return ts.rms(h[0, -1], ts.norm_w, ts.norm_eps)
 
+    @torch.inference_mode()
     def prefill_batch(self, slots: list[int], embeds: list[torch.Tensor]) -> None:
         """Several prompts (`[n_i, H]` each) in one forward over the fused talker stack, right-padded to
         the longest; each row's keys/values go to its KV slot and its last real position's hidden state
@@ -255,6 +257,7 @@ class FrameStepper:
         self.seen[idx, tok] = True  # fresh slots: nothing seen yet, one id each
         self.count[idx] += 1
 
+    @torch.inference_mode()
     def prefill_done(self, slot: int, length: int, hidden: torch.Tensor) -> None:
         """After the prompt of `length` positions: store the last hidden state and choose codebook 0."""
         self.pos[slot] = length
@@ -346,6 +349,7 @@ class FrameStepper:
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
         return F.linear(h, w_head).float().argmax(-1)
 
+    @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:
         """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`)."""
         if not self.use_graphs:
@@ -392,6 +396,7 @@ class FrameStepper:
         self.graphs[(rows, width)] = graph
         return graph
 
+    @torch.inference_mode()
     def warmup(self, max_rows: int, widths: tuple[int, ...]) -> None:
         """Capture the graphs for every row bucket up to `max_rows` at the given widths (at load)."""
         if not self.use_graphs:
