@@ -27,7 +27,9 @@ its `_Request` and is dropped on finish, failure or `release`.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,7 @@ TASK_ALIASES = {
     "voice_design": "voice_design", "voicedesign": "voice_design", "design": "voice_design",
     "base": "base", "voice_clone": "base", "clone": "base",
 }
+_log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
 
 
@@ -158,6 +161,28 @@ class _Request:
         return self.token is not None and self.finish_reason is None
 
 
+class _Timing:
+    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps."""
+
+    def __init__(self) -> None:
+        self.sec: dict[str, float] = {}
+        self.items: dict[str, int] = {}
+        self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, name: str, sec: float, items: int = 0) -> None:
+        self.sec[name] = self.sec.get(name, 0.0) + sec
+        self.items[name] = self.items.get(name, 0) + items
+        if name == "step":
+            self.steps += 1
+            if self.steps % 250 == 0:
+                wall = time.perf_counter() - self.t0
+                parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
+                                  for k, v in self.sec.items())
+                _log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s", self.steps, wall, parts)
+                self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
+
+
 class Qwen3TTSRunner:
     """`Runner` for a Qwen3-TTS-12Hz checkpoint (CustomVoice, VoiceDesign or Base)."""
 
@@ -186,6 +211,7 @@ class Qwen3TTSRunner:
         self.on_frame = on_frame
         # Batched prefill (fast path): at most this many prompts / padded positions per forward.
         # STREAMVOX_QWEN3_BATCH_PREFILL=0 runs the fast path's prompts one at a time.
+        self._timing = _Timing() if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None
         self.batch_prefill = os.environ.get("STREAMVOX_QWEN3_BATCH_PREFILL", "1") != "0"
         self.max_prefill_batch = max_batch if self.batch_prefill else 1
         self.max_prefill_tokens = max_prefill_tokens
@@ -457,6 +483,16 @@ class Qwen3TTSRunner:
 
     @torch.inference_mode()
     def step(self, sink: OutputSink) -> None:
+        if self._timing is None:
+            self._step(sink)
+            return
+        t0 = time.perf_counter()
+        self._step(sink)
+        self._timing.add("step", time.perf_counter() - t0)
+
+    def _step(self, sink: OutputSink) -> None:
+        tm = self._timing
+        t0 = time.perf_counter()
         ready: list[_Request] = []
         for rid in list(self.order):
             if len(ready) >= len(self.free_slots):
@@ -468,6 +504,7 @@ class Qwen3TTSRunner:
                 ready.append(req)
         if ready:
             self._prefill(ready, sink)
+        t1 = time.perf_counter()
         batch = [r for r in (self.requests[i] for i in self.order) if r.decoding and self._can_decode(r)]
         slow = [r for r in batch if not r.fast]
         fast = [r for r in batch if r.fast]
@@ -475,7 +512,12 @@ class Qwen3TTSRunner:
             self._decode(slow)
         if fast or self._pending_tok is not None:
             self._decode_fast(fast)
+        t2 = time.perf_counter()
         self._emit(sink, block=not batch)
+        if tm is not None:
+            tm.add("prefill", t1 - t0, len(ready))
+            tm.add("decode", t2 - t1, len(batch))
+            tm.add("emit", time.perf_counter() - t2)
 
     def _can_decode(self, req: _Request) -> bool:
         if req.n_frames + 1 >= req.max_frames or req.offset is None:
