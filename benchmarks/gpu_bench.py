@@ -80,12 +80,12 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     return {k: torch.stack(v).cpu() for k, v in out.items()}
 
 
-def check(model_dir: str, device: str) -> dict:
+def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16)) -> dict:
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
     res = {}
     modes = ["runner-eager", "stepper-eager"] + (["graph"] if device == "cuda" else [])
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
         for n_req in (1, 16):
             got = {m: _run_frames(model, m, n_req, 40) for m in modes}
@@ -432,6 +432,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--check-dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
@@ -454,7 +455,8 @@ def main() -> None:
             with open(args.json_out, "w") as f:
                 json.dump(results, f, indent=1)
 
-    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device)),
+    dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
+    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]

@@ -245,9 +245,10 @@ class SnakeBeta(nn.Module):
 
     `fn` is `_snake`, or its torch.compile'd form on CUDA (`Code2Wav.compile_pointwise`): one fused
     kernel instead of six passes over the activations, which at the late, high-rate blocks are the
-    largest tensors of the decoder."""
+    largest tensors of the decoder. Only large inputs (many rows or frames) take the fused form."""
 
     fn = staticmethod(_snake)
+    FUSE_MIN_ELEMENTS = 1 << 22  # smaller inputs run eagerly: there the compiled call's host overhead dominates
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -255,6 +256,8 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < self.FUSE_MIN_ELEMENTS:
+            return _snake(x, self.alpha, self.beta)
         return self.fn(x, self.alpha, self.beta)
 
 
