@@ -2,7 +2,8 @@
 
 Each step:
 1. prefill: requests whose prompt can be built (enough text has arrived) get a free
-   KV slot, run their prompt through the talker and pick their first codebook-0 id;
+   KV slot, run their prompt through the talker and pick their first codebook-0 id
+   (on the fast path all of a step's prompts go through in one padded forward);
 2. decode: every request whose next text-track item is known runs one frame: the
    code predictor fills codebooks 1..15 (batched, fresh 17-position cache), then the
    talker consumes the frame's summed embeddings plus the text track and picks the
@@ -20,7 +21,10 @@ AR steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen 
 benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
 `STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
 (attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
-`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32).
+`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
+prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_COMPILE_PREDICTOR=1` (compile each
+whole predictor pass; measured slower), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused SnakeBeta in the decoder),
+`STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
