@@ -80,12 +80,12 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     return {k: torch.stack(v).cpu() for k, v in out.items()}
 
 
-def check(model_dir: str, device: str) -> dict:
+def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16)) -> dict:
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
     res = {}
     modes = ["runner-eager", "stepper-eager"] + (["graph"] if device == "cuda" else [])
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
         for n_req in (1, 16):
             got = {m: _run_frames(model, m, n_req, 40) for m in modes}
@@ -157,7 +157,7 @@ def micro(model_dir: str) -> dict:
     cache = _SlotCache(tc.num_hidden_layers, 64, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    for graphs in (True, False):
+    for graphs in (True, False) if os.environ.get("MICRO_EAGER", "0") == "1" else (True,):
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
         for b in (1, 4, 16, 64):
             st.active[:b] = True
@@ -175,6 +175,17 @@ def micro(model_dir: str) -> dict:
             log(f"# frame step {'graph' if graphs else 'eager'} B={b} width={width}: {ms:.3f} ms "
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
+        if graphs:
+            # batched prefill (the fast path's): b prompts of 60 positions in one forward, vs one at a time
+            for b in (1, 16, 64):
+                embs = [torch.randn(60, tc.hidden_size, dtype=torch.bfloat16, device="cuda") for _ in range(b)]
+                slots = list(range(b))
+                ms = _time_cuda(lambda st=st, slots=slots, embs=embs: st.prefill_batch(slots, embs), iters=5, warm=2)
+                out[f"prefill_batch{b}_60_ms"] = ms
+                log(f"# batched prefill {b} x 60 positions: {ms:.2f} ms")
+            ms = _time_cuda(lambda st=st, e=embs[0]: st.prefill_done(0, 60, st.prefill(0, e)), iters=5, warm=2)
+            out["prefill_single_60_ms"] = ms
+            log(f"# single prefill 60 positions (fused stack): {ms:.2f} ms")
         del st
     # prefill of one prompt (~60 positions)
     from streamvox.models.qwen3_tts.runner import _PrefillView
@@ -190,8 +201,10 @@ def micro(model_dir: str) -> dict:
     # codec decoder
     st_dir = os.path.join(model_dir, "speech_tokenizer")
     wav = {}
-    for name, dtype, tf32 in (("fp32-strict", torch.float32, False), ("fp32-tf32", torch.float32, True),
-                              ("bf16", torch.bfloat16, True)):
+    kinds = (("fp32-strict", torch.float32, False), ("fp32-tf32", torch.float32, True), ("bf16", torch.bfloat16, True))
+    if os.environ.get("MICRO_DECODER", "all") == "tf32":
+        kinds = kinds[1:2]
+    for name, dtype, tf32 in kinds:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=dtype)
@@ -216,8 +229,20 @@ def micro(model_dir: str) -> dict:
             out[f"decoder_{name}_b{b}_25frames_ms"] = ms
             log(f"# decoder {name} B={b} x 25 frames (2 s audio each): {ms:.2f} ms "
                 f"({b * 2.0 / (ms / 1e3):.0f} audio s/s)")
+        for b in (1, 64):  # small first chunks: one call's latency
+            for f in (1, 2):
+                def call(b=b, f=f, codec=codec, codes=codes):
+                    states = [codec.new_stream_state() for _ in range(b)]
+                    return codec.decode_stream([codes[i, :, :f] for i in range(b)], states)
+
+                ms = _time_cuda(call, iters=10, warm=2)
+                out[f"decoder_{name}_b{b}_{f}frames_first_ms"] = ms
+                log(f"# decoder {name} B={b} first chunk of {f} frames: {ms:.2f} ms")
         del codec
         torch.cuda.empty_cache()
+    if len(kinds) < 3:
+        torch.backends.cudnn.allow_tf32 = True
+        return out
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = wav["fp32-strict"]
@@ -407,6 +432,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--check-dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
@@ -429,7 +455,8 @@ def main() -> None:
             with open(args.json_out, "w") as f:
                 json.dump(results, f, indent=1)
 
-    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device)),
+    dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
+    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]

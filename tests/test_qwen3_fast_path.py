@@ -86,6 +86,66 @@ def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:
     assert eager == frames and done_e == done
 
 
+def _burst(model, monkeypatch, batched: str, n: int = 8) -> tuple[dict, dict, list[int]]:
+    """n greedy requests of different prompt lengths arrive at once; returns frames, finishes and the
+    number of prompts prefilled by the first step."""
+    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "1")
+    monkeypatch.setenv("STREAMVOX_QWEN3_BATCH_PREFILL", batched)
+    log = FrameLog()
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    sink = RecordingSink()
+    for i in range(n):
+        text = " ".join([TEXTS[i % len(TEXTS)]] * (1 + i % 3))  # prompts of different lengths
+        runner.add(SpeechRequest(request_id=f"b{i}", text=text, voice=["alice", "bob"][i % 2], language="english",
+                                 sampling=SamplingParams(temperature=0.0, max_new_tokens=12 + i)))
+    runner.step(sink)
+    admitted = [r.prompt_tokens for r in runner.requests.values() if r.slot is not None]
+    drain(runner, sink)
+    assert not sink.errors
+    assert sorted(runner.free_slots) == list(range(8))
+    return log.frames, sink.done, admitted
+
+
+def test_batched_prefill_equals_one_at_a_time(model, monkeypatch) -> None:
+    one, done_one, admitted_one = _burst(model, monkeypatch, "0")
+    many, done_many, admitted_many = _burst(model, monkeypatch, "1")
+    assert len(admitted_many) == 8 and len(set(admitted_many)) > 1  # one step, ragged prompts
+    assert admitted_one == admitted_many
+    assert done_one == done_many
+    assert one == many
+    # and both equal the original eager runner path (one eager prefill per request)
+    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "0")
+    log = FrameLog()
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    sink = RecordingSink()
+    for i in range(8):
+        text = " ".join([TEXTS[i % len(TEXTS)]] * (1 + i % 3))
+        runner.add(SpeechRequest(request_id=f"b{i}", text=text, voice=["alice", "bob"][i % 2], language="english",
+                                 sampling=SamplingParams(temperature=0.0, max_new_tokens=12 + i)))
+    drain(runner, sink)
+    assert log.frames == many and sink.done == done_many
+
+
+def test_batched_prefill_respects_the_token_cap(model, monkeypatch) -> None:
+    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "1")
+    monkeypatch.setenv("STREAMVOX_QWEN3_BATCH_PREFILL", "1")
+    log = FrameLog()
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log, max_prefill_tokens=64)
+    calls = []
+    orig = runner.stepper.prefill_batch
+    runner.stepper.prefill_batch = lambda slots, embeds: (calls.append([e.shape[0] for e in embeds]),
+                                                          orig(slots, embeds))[1]
+    sink = RecordingSink()
+    for i in range(6):
+        runner.add(SpeechRequest(request_id=f"c{i}", text=TEXTS[i % len(TEXTS)], voice="alice", language="english",
+                                 sampling=SamplingParams(temperature=0.0, max_new_tokens=5)))
+    runner.step(sink)
+    assert sum(len(c) for c in calls) == 6 and len(calls) > 1
+    assert all(max(c) * len(c) <= 64 or len(c) == 1 for c in calls)
+    drain(runner, sink)
+    assert set(sink.done) == {f"c{i}" for i in range(6)}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_eager_on_gpu(tmp_path, monkeypatch) -> None:  # pragma: no cover - GPU only
     path = build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice")

@@ -200,6 +200,28 @@ def test_chunking_sizes_deltas_and_offline_equality(cv_model):
     assert sink.done["c"] == ("length", len(cv_model.tokenizer.text_ids(TEXTS[2])), 14)
 
 
+def test_default_chunks_start_small_and_double(cv_model, monkeypatch):
+    monkeypatch.setenv("STREAMVOX_QWEN3_IGNORE_EOS", "1")
+    runner, log, codec = _runner(cv_model, codec_chunk_frames=25)
+    sink = RecordingSink()
+    runner.add(SpeechRequest(request_id="d", text=TEXTS[2], voice="alice",
+                             sampling=SamplingParams(temperature=0, max_new_tokens=60)))
+    drain(runner, sink)
+    sizes = [len(c) // FakeCodec.samples_per_frame for c in sink.audio_chunks["d"]]
+    assert sizes == [1, 2, 4, 8, 16, 25, 4]
+    np.testing.assert_array_equal(np.concatenate(sink.audio_chunks["d"]), FakeCodec.offline(log.frames["d"]))
+    # with more than four streams the first chunk is two frames
+    runner, log, codec = _runner(cv_model, codec_chunk_frames=25)
+    sink = RecordingSink()
+    for i in range(6):
+        runner.add(SpeechRequest(request_id=f"m{i}", text=TEXTS[i], voice="bob",
+                                 sampling=SamplingParams(temperature=0, max_new_tokens=40)))
+    drain(runner, sink)
+    for rid, chunks in sink.audio_chunks.items():
+        sizes = [len(c) // FakeCodec.samples_per_frame for c in chunks]
+        assert sizes == [2, 4, 8, 16, 10], (rid, sizes)
+
+
 def test_release_frees_slot_and_queue_waits_for_capacity(cv_model):
     runner, log, _ = _runner(cv_model, max_batch=2)
     sink = RecordingSink()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,8 +234,21 @@ class CausalConvTranspose1d(_Stateful):
         return y[..., off : off + t * self.stride]
 
 
+def _snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    a = alpha.exp()[None, :, None]
+    b = beta.exp()[None, :, None]
+    return x + torch.sin(x * a).pow(2) / (b + 1e-9)
+
+
 class SnakeBeta(nn.Module):
-    """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters)."""
+    """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters).
+
+    `fn` is `_snake`, or its torch.compile'd form on CUDA (`Code2Wav.compile_pointwise`): one fused
+    kernel instead of six passes over the activations, which at the late, high-rate blocks are the
+    largest tensors of the decoder. Only large inputs (many rows or frames) take the fused form."""
+
+    fn = staticmethod(_snake)
+    FUSE_MIN_ELEMENTS = 1 << 22  # smaller inputs run eagerly: there the compiled call's host overhead dominates
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -242,9 +256,9 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.alpha.exp()[None, :, None]
-        b = self.beta.exp()[None, :, None]
-        return x + torch.sin(x * a).pow(2) / (b + 1e-9)
+        if x.numel() < self.FUSE_MIN_ELEMENTS:
+            return _snake(x, self.alpha, self.beta)
+        return self.fn(x, self.alpha, self.beta)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -654,7 +668,17 @@ class Code2Wav(nn.Module):
                 f"speech tokenizer decoder weights mismatch: missing={missing} unexpected={unexpected}"
             )
         model.decoder.pre_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
-        return model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        if torch.device(device).type == "cuda" and os.environ.get("STREAMVOX_QWEN3_CODEC_COMPILE", "1") != "0":
+            model.compile_pointwise()
+        return model
+
+    def compile_pointwise(self) -> None:
+        """Fuse the SnakeBeta activations with torch.compile (dynamic shapes; CUDA)."""
+        fused = torch.compile(_snake, dynamic=True, fullgraph=True)
+        for mod in self.modules():
+            if isinstance(mod, SnakeBeta):
+                mod.fn = fused
 
     def _check_codes(self, codes: torch.Tensor) -> None:
         if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers:

@@ -97,7 +97,7 @@ class Qwen3TTSModel:
         model_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
-        self.module = module.eval()
+        self.module = module.eval().requires_grad_(False)  # inference only (torch.compile traces no backward)
         self.talker = module.talker
         self.tokenizer = tokenizer
         self.generation = {**GENERATION_DEFAULTS, **(generation or {})}

@@ -2,15 +2,16 @@
 
 Each step:
 1. prefill: requests whose prompt can be built (enough text has arrived) get a free
-   KV slot, run their prompt through the talker and pick their first codebook-0 id;
+   KV slot, run their prompt through the talker and pick their first codebook-0 id
+   (on the fast path all of a step's prompts go through in one padded forward);
 2. decode: every request whose next text-track item is known runs one frame: the
    code predictor fills codebooks 1..15 (batched, fresh 17-position cache), then the
    talker consumes the frame's summed embeddings plus the text track and picks the
    next codebook-0 id (batched over slots of different lengths with a key mask).
    A request still waiting for its next text token is skipped: it burns no pad;
 3. chunking: buffered frames go to the streaming codec decoder in one batched call
-   (first chunk `initial_codec_chunk_frames`, then `codec_chunk_frames`) and the new
-   samples are sent with `sink.audio`.
+   (first chunk `initial_codec_chunk_frames` or 1-2 frames by load, then doubling up to
+   `codec_chunk_frames`) and the new samples are sent with `sink.audio`.
 GPU fast path (`cuda_graphs.FrameStepper`, on by default on CUDA; env `STREAMVOX_QWEN3_FAST`=0/1 forces
 it off/on): greedy requests keep their pending id and hidden state in slot-indexed device buffers, and
 each step is one CUDA-graph replay per (row bucket, attention width) with no host sync; the chosen ids
@@ -20,15 +21,19 @@ AR steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen 
 benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
 `STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
 (attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
-`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32).
+`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
+prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_COMPILE_PREDICTOR=1` (compile each
+whole predictor pass; measured slower), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused SnakeBeta in the decoder),
+`STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +56,7 @@ TASK_ALIASES = {
     "voice_design": "voice_design", "voicedesign": "voice_design", "design": "voice_design",
     "base": "base", "voice_clone": "base", "clone": "base",
 }
+_log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
 
 
@@ -145,6 +151,7 @@ class _Request:
     n_frames: int = 0
     buffer: list[torch.Tensor] = field(default_factory=list)
     chunks: int = 0
+    first_chunk: int = 1  # frames in the first chunk (later chunks double from it)
     codec_state: Any = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -156,6 +163,28 @@ class _Request:
     @property
     def decoding(self) -> bool:
         return self.token is not None and self.finish_reason is None
+
+
+class _Timing:
+    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps."""
+
+    def __init__(self) -> None:
+        self.sec: dict[str, float] = {}
+        self.items: dict[str, int] = {}
+        self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, name: str, sec: float, items: int = 0) -> None:
+        self.sec[name] = self.sec.get(name, 0.0) + sec
+        self.items[name] = self.items.get(name, 0) + items
+        if name == "step":
+            self.steps += 1
+            if self.steps % 250 == 0:
+                wall = time.perf_counter() - self.t0
+                parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
+                                  for k, v in self.sec.items())
+                _log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s", self.steps, wall, parts)
+                self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
 
 
 class Qwen3TTSRunner:
@@ -174,6 +203,7 @@ class Qwen3TTSRunner:
         max_ref_audio_seconds: float = 60.0,
         on_frame: Callable[[str, torch.Tensor], None] | None = None,
         name: str | None = None,
+        max_prefill_tokens: int = 16384,
     ) -> None:
         self.model = model
         self.codec = codec
@@ -183,6 +213,12 @@ class Qwen3TTSRunner:
         self.max_instruction_tokens = max_instruction_tokens
         self.max_ref_audio_seconds = max_ref_audio_seconds
         self.on_frame = on_frame
+        # Batched prefill (fast path): at most this many prompts / padded positions per forward.
+        # STREAMVOX_QWEN3_BATCH_PREFILL=0 runs the fast path's prompts one at a time.
+        self._timing = _Timing() if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None
+        self.batch_prefill = os.environ.get("STREAMVOX_QWEN3_BATCH_PREFILL", "1") != "0"
+        self.max_prefill_batch = max_batch if self.batch_prefill else 1
+        self.max_prefill_tokens = max_prefill_tokens
         cfg = model.cfg
         self.task = cfg.tts_model_type or "custom_voice"
         tc = cfg.talker
@@ -451,16 +487,28 @@ class Qwen3TTSRunner:
 
     @torch.inference_mode()
     def step(self, sink: OutputSink) -> None:
+        if self._timing is None:
+            self._step(sink)
+            return
+        t0 = time.perf_counter()
+        self._step(sink)
+        self._timing.add("step", time.perf_counter() - t0)
+
+    def _step(self, sink: OutputSink) -> None:
+        tm = self._timing
+        t0 = time.perf_counter()
+        ready: list[_Request] = []
         for rid in list(self.order):
+            if len(ready) >= len(self.free_slots):
+                break
             req = self.requests.get(rid)
-            if req is None or req.slot is not None or req.finish_reason is not None or not self.free_slots:
+            if req is None or req.slot is not None or req.finish_reason is not None:
                 continue
             if self.model.prompt_ready(req.spec, req.track, req.text_done):
-                try:
-                    self._prefill(req)
-                except RequestError as e:
-                    self.release(rid)
-                    sink.failed(rid, e)
+                ready.append(req)
+        if ready:
+            self._prefill(ready, sink)
+        t1 = time.perf_counter()
         batch = [r for r in (self.requests[i] for i in self.order) if r.decoding and self._can_decode(r)]
         slow = [r for r in batch if not r.fast]
         fast = [r for r in batch if r.fast]
@@ -468,14 +516,46 @@ class Qwen3TTSRunner:
             self._decode(slow)
         if fast or self._pending_tok is not None:
             self._decode_fast(fast)
+        t2 = time.perf_counter()
         self._emit(sink, block=not batch)
+        if tm is not None:
+            tm.add("prefill", t1 - t0, len(ready))
+            tm.add("decode", t2 - t1, len(batch))
+            tm.add("emit", time.perf_counter() - t2)
 
     def _can_decode(self, req: _Request) -> bool:
         if req.n_frames + 1 >= req.max_frames or req.offset is None:
             return True  # no text needed (last frame, or pad-only track)
         return req.text_done or req.offset < len(req.track)
 
-    def _prefill(self, req: _Request) -> None:
+    def _prefill(self, ready: list[_Request], sink: OutputSink) -> None:
+        """Admit the ready requests (first come, first served) into free slots and run their prompts.
+
+        Fast-path (greedy) prompts go through the talker together, in groups of at most
+        `max_prefill_batch` prompts and `max_prefill_tokens` padded positions (one forward each), so a
+        burst of arrivals costs one prefill rather than one per request; the others run one by one."""
+        group: list[tuple[_Request, torch.Tensor]] = []
+        for req in ready:
+            try:
+                embeds = self._admit(req)
+            except RequestError as e:
+                self.release(req.rid)
+                sink.failed(req.rid, e)
+                continue
+            if not req.fast:
+                self._prefill_eager(req, embeds)
+                continue
+            longest = max([embeds.shape[0]] + [e.shape[0] for _, e in group])
+            if group and (len(group) >= self.max_prefill_batch
+                          or longest * (len(group) + 1) > self.max_prefill_tokens):
+                self._prefill_fast(group)
+                group = []
+            group.append((req, embeds))
+        if group:
+            self._prefill_fast(group)
+
+    def _admit(self, req: _Request) -> torch.Tensor:
+        """Build the prompt, take a KV slot and set the request's positions; returns the prompt embeddings."""
         if req.text_done and not req.has_words:
             raise RequestError("input text is empty", param="input")
         prompt = self.model.build_prompt(req.spec, req.track, req.text_done)
@@ -487,16 +567,28 @@ class Qwen3TTSRunner:
         req.slot = self.free_slots.pop(0)
         req.prompt_tokens = n
         req.length, req.offset = n, prompt.track_offset
-        if self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy:
-            req.fast = True
-            self.stepper.reset_slot(req.slot, req.talker_settings.repetition_penalty)
-            last = self.stepper.prefill(req.slot, prompt.embeds)  # fused (and compiled on CUDA) stack
-            self.stepper.prefill_done(req.slot, n, last)
+        req.fast = self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy
+        return prompt.embeds
+
+    def _prefill_fast(self, group: list[tuple[_Request, torch.Tensor]]) -> None:
+        st = self.stepper
+        assert st is not None
+        for req, _ in group:
+            st.reset_slot(req.slot, req.talker_settings.repetition_penalty)  # type: ignore[arg-type]
+        if len(group) == 1 and not self.batch_prefill:
+            req, embeds = group[0]
+            last = st.prefill(req.slot, embeds)  # type: ignore[arg-type]
+            st.prefill_done(req.slot, embeds.shape[0], last)  # type: ignore[arg-type]
+        else:
+            st.prefill_batch([r.slot for r, _ in group], [e for _, e in group])  # type: ignore[misc]
+        for req, _ in group:
             req.token = 0  # the real id stays on the device (MIN_NEW_TOKENS rules out end-of-speech here)
             req.history.append(0)
-            return
+
+    def _prefill_eager(self, req: _Request, embeds: torch.Tensor) -> None:
+        n = embeds.shape[0]
         pos = torch.arange(n, device=self.model.device)[None]
-        h = self.model.talker.model.run(prompt.embeds[None], pos, _PrefillView(self.cache, req.slot))
+        h = self.model.talker.model.run(embeds[None], pos, _PrefillView(self.cache, req.slot))  # type: ignore[arg-type]
         req.hidden = h[0, -1]
         logits = self.model.talker.codec_head(req.hidden).float()
         self._choose(req, logits)
@@ -654,15 +746,22 @@ class Qwen3TTSRunner:
     def _first_chunk(self, req: _Request) -> int:
         if req.initial_chunk is not None:
             return req.initial_chunk
-        # Few concurrent streams: a small first chunk for latency; many: larger, to keep throughput.
-        active = len(self.requests)
-        return min(self.codec_chunk_frames, 2 * max(1, math.ceil(active / 4)))
+        # A small first chunk for latency (one frame with few streams, two with many); the chunks after
+        # it double (see `_chunk_size`), so the per-call cost of the decoder stays bounded.
+        return min(self.codec_chunk_frames, 1 if len(self.requests) <= 4 else 2)
+
+    def _chunk_size(self, req: _Request) -> int:
+        """Frames in the request's next chunk: the first chunk, then doubling up to `codec_chunk_frames`
+        (e.g. 1, 2, 4, 8, 16, 25, 25, ...). Each chunk's audio lasts as long as the time to generate
+        the next at >= 2x real time, so playback never waits for a chunk once it has started."""
+        if req.chunks == 0:
+            return self._first_chunk(req)
+        return min(self.codec_chunk_frames, req.first_chunk << min(req.chunks, 16))
 
     def _chunk_due(self, req: _Request) -> bool:
         if req.finish_reason is not None:
             return True
-        want = self._first_chunk(req) if req.chunks == 0 else self.codec_chunk_frames
-        return len(req.buffer) >= want
+        return len(req.buffer) >= self._chunk_size(req)
 
     def _emit(self, sink: OutputSink, block: bool = False) -> None:
         due = [r for r in (self.requests[i] for i in self.order) if (r.buffer and self._chunk_due(r))]
@@ -689,6 +788,8 @@ class Qwen3TTSRunner:
                 if pcm.size:
                     sink.audio(req.rid, pcm)
         for req in due:
+            if req.chunks == 0:
+                req.first_chunk = len(req.buffer)
             req.buffer.clear()
             req.chunks += 1
         self._poll(sink, block and not due)
