@@ -10,7 +10,7 @@ from contextlib import aclosing
 
 import msgspec
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamvox.codecs.audio_io import (
@@ -66,11 +66,15 @@ async def read_json(request: Request) -> object:
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise too_large  # refused before reading it
     parts, size = [], 0
-    async for chunk in request.stream():  # stop reading at the cap: a huge chunked body never sits in memory
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():  # stop reading at the cap: a huge chunked body never sits in memory
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            parts.append(chunk)
+    except ClientDisconnect:  # nobody will read the answer; 499 (nginx's "client closed request") in the metrics
+        raise APIError(499, "The client closed the connection before the request was read.",
+                       code="client_closed_request") from None
     body = b"".join(parts)
     try:
         return msgspec.json.decode(body)
