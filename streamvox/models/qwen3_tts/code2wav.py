@@ -44,6 +44,7 @@ __all__ = [
     "Code2Wav",
     "Code2WavConfig",
     "StreamState",
+    "assign_weights",
     "load_speech_tokenizer_state",
     "resolve_speech_tokenizer_dir",
 ]
@@ -181,6 +182,17 @@ class _Stateful(nn.Module):
     tail_name: str = ""
     rate: int = 1
 
+    def _prepend_tail(self, x: torch.Tensor, step: _Step, n: int) -> torch.Tensor:
+        """x [B, C, T] behind the last `n` input steps of the previous call (zeros for a fresh
+        stream); records this call's last `n` for the next one."""
+        tail = step.tails_in.get(self.tail_name)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[1], n)
+        xc = torch.cat([tail, x], dim=-1)
+        if step.keep_state:
+            step.tails_out[self.tail_name] = step.take_tail(xc, 2, step.frames * self.rate + n, n)
+        return xc
+
 
 # --------------------------------------------------------------------------- layers
 
@@ -196,15 +208,7 @@ class CausalConv1d(_Stateful):
     def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
         if self.context == 0:
             return self.conv(x)
-        tail = step.tails_in.get(self.tail_name)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], self.context)
-        xc = torch.cat([tail, x], dim=-1)
-        if step.keep_state:
-            step.tails_out[self.tail_name] = step.take_tail(
-                xc, 2, step.frames * self.rate + self.context, self.context
-            )
-        return self.conv(xc)
+        return self.conv(self._prepend_tail(x, step, self.context))
 
 
 class CausalConvTranspose1d(_Stateful):
@@ -224,15 +228,7 @@ class CausalConvTranspose1d(_Stateful):
         t = x.shape[-1]
         if self.context == 0:
             return self.conv(x)[..., : t * self.stride]
-        tail = step.tails_in.get(self.tail_name)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], self.context)
-        xc = torch.cat([tail, x], dim=-1)
-        if step.keep_state:
-            step.tails_out[self.tail_name] = step.take_tail(
-                xc, 2, step.frames * self.rate + self.context, self.context
-            )
-        y = self.conv(xc)
+        y = self.conv(self._prepend_tail(x, step, self.context))
         off = self.context * self.stride
         return y[..., off : off + t * self.stride]
 
@@ -544,6 +540,13 @@ def load_speech_tokenizer_state(path: str | Path, prefix: str) -> dict[str, torc
     return out
 
 
+def assign_weights(module: nn.Module, state: dict[str, torch.Tensor], half: str) -> None:
+    """Give a `module` built on the meta device the tensors of `state`; a missing or unexpected key is an error."""
+    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"speech tokenizer {half} weights mismatch: missing={missing} unexpected={unexpected}")
+
+
 class Code2Wav(nn.Module):
     """Codes -> 24 kHz waveform, offline (`decode`) or as exact per-request streams (`decode_stream`)."""
 
@@ -582,12 +585,7 @@ class Code2Wav(nn.Module):
         cfg = Code2WavConfig.from_dict(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
             model = cls(cfg)
-        state = load_speech_tokenizer_state(path, "decoder.")
-        missing, unexpected = model.decoder.load_state_dict(state, strict=False, assign=True)
-        if missing or unexpected:
-            raise ValueError(
-                f"speech tokenizer decoder weights mismatch: missing={missing} unexpected={unexpected}"
-            )
+        assign_weights(model.decoder, load_speech_tokenizer_state(path, "decoder."), "decoder")
         model.decoder.pre_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         if torch.device(device).type == "cuda" and os.environ.get("STREAMVOX_QWEN3_CODEC_COMPILE", "1") != "0":

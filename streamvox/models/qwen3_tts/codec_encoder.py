@@ -22,7 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamvox.models.qwen3_tts.code2wav import load_speech_tokenizer_state, resolve_speech_tokenizer_dir
+from streamvox.models.qwen3_tts.code2wav import (
+    assign_weights,
+    load_speech_tokenizer_state,
+    resolve_speech_tokenizer_dir,
+)
 from streamvox.models.qwen3_tts.layers import (
     LayerScaledBlock,
     RotaryAttention,
@@ -345,11 +349,7 @@ class CodecEncoder(nn.Module):
         state = load_speech_tokenizer_state(path, "encoder.")
         # the checkpoint may also carry Mimi's decoder half, which encoding never uses
         state = {k: v for k, v in state.items() if k.split(".", 1)[0] in dict(model.mimi.named_children())}
-        missing, unexpected = model.mimi.load_state_dict(state, strict=False, assign=True)
-        if missing or unexpected:
-            raise ValueError(
-                f"speech tokenizer encoder weights mismatch: missing={missing} unexpected={unexpected}"
-            )
+        assign_weights(model.mimi, state, "encoder")
         model.mimi.encoder_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
         return model.to(device=device, dtype=dtype).eval()
 
