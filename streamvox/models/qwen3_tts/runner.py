@@ -637,20 +637,24 @@ class Qwen3TTSRunner:
                 pos = torch.full((len(batch), 1), j + 2, dtype=torch.long, device=dev)
         return torch.stack(codes, dim=1)
 
+    def _add_frame(self, req: _Request, frame: torch.Tensor) -> bool:
+        """Buffer a generated frame; at `max_frames` the request finishes ("length"). Returns whether it goes on."""
+        req.buffer.append(frame)
+        req.n_frames += 1
+        if self.on_frame is not None:
+            self.on_frame(req.rid, frame)
+        if req.n_frames >= req.max_frames:
+            req.finish_reason = "length"
+            req.token = None
+            return False
+        return True
+
     def _decode(self, batch: list[_Request]) -> None:
         frames = self._predict_frames(batch)
         cont: list[_Request] = []
         rows: list[int] = []
         for i, req in enumerate(batch):
-            frame = frames[i]
-            req.buffer.append(frame)
-            req.n_frames += 1
-            if self.on_frame is not None:
-                self.on_frame(req.rid, frame)
-            if req.n_frames >= req.max_frames:
-                req.finish_reason = "length"
-                req.token = None
-            else:
+            if self._add_frame(req, frames[i]):
                 cont.append(req)
                 rows.append(i)
         if not cont:
@@ -730,15 +734,8 @@ class Qwen3TTSRunner:
         for req in batch:
             if req.finish_reason is not None:
                 continue
-            frame = launched[req.slot]
-            req.buffer.append(frame)
-            req.n_frames += 1
             req.length += 1
-            if self.on_frame is not None:
-                self.on_frame(req.rid, frame)
-            if req.n_frames >= req.max_frames:
-                req.finish_reason = "length"
-                req.token = None
+            self._add_frame(req, launched[req.slot])
         self._pending_tok = pending
 
     # ------------------------------------------------------------------ audio
