@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import numpy as np
 
+from streamvox.agent.vllm_engine import VLLMEngine
 from streamvox.codecs.audio_io import Resampler
 
 WHISPER_RATE = 16000
@@ -61,8 +63,7 @@ class VLLMWhisper(Transcriber):
         self.max_tokens = max_tokens
         self.dtype = dtype
         self.enforce_eager = enforce_eager
-        self.llm = None
-        self._active: set[str] = set()
+        self.engine: VLLMEngine | None = None
 
     async def start(self) -> None:
         try:
@@ -73,7 +74,7 @@ class VLLMWhisper(Transcriber):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         args = AsyncEngineArgs(model=self.model, dtype=self.dtype, enforce_eager=self.enforce_eager,
                                max_num_seqs=4, disable_log_stats=True, limit_mm_per_prompt={"audio": 1})
-        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self.engine = VLLMEngine(await asyncio.to_thread(AsyncLLM.from_engine_args, args))
 
     async def stream(self, pcm: np.ndarray, sample_rate: int, request_id: str,
                      language: str | None = None, prompt: str | None = None) -> AsyncIterator[str]:
@@ -90,29 +91,15 @@ class VLLMWhisper(Transcriber):
                 continue
             inputs = {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (piece, WHISPER_RATE)}},
                       "decoder_prompt": decoder}
-            rid = f"{request_id}-{index}"
-            self._active.add(rid)
-            finished = False
-            try:
-                async for output in self.llm.generate(inputs, params, rid):
-                    if output.outputs and output.outputs[0].text:
-                        yield output.outputs[0].text
-                    finished = output.finished
-            finally:
-                self._active.discard(rid)
-                if not finished:
-                    await self.llm.abort(rid)
+            async with aclosing(self.engine.deltas(inputs, params, f"{request_id}-{index}")) as deltas:
+                async for text in deltas:
+                    yield text
 
     @property
     def active_requests(self) -> int:
-        if self.llm is None:
-            return 0
-        processor = getattr(self.llm, "output_processor", None)
-        if processor is not None and hasattr(processor, "get_num_unfinished_requests"):
-            return processor.get_num_unfinished_requests()
-        return len(self._active)
+        return 0 if self.engine is None else self.engine.active_requests
 
     async def shutdown(self) -> None:
-        if self.llm is not None:
-            self.llm.shutdown()
-            self.llm = None
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

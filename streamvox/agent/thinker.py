@@ -18,9 +18,12 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import httpx
+
+from streamvox.agent.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +91,8 @@ class VLLMThinker(Thinker):
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.enforce_eager = enforce_eager
-        self.llm = None
+        self.engine: VLLMEngine | None = None
         self.tokenizer = None
-        self._active: set[str] = set()
 
     async def start(self) -> None:
         try:
@@ -103,8 +105,8 @@ class VLLMThinker(Thinker):
         args = AsyncEngineArgs(model=self.model, max_model_len=self.max_model_len, dtype=self.dtype,
                                enforce_eager=self.enforce_eager, seed=self.settings.seed or 0,
                                disable_log_stats=True, max_num_seqs=16)
-        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-        self.tokenizer = await _get_tokenizer(self.llm)
+        self.engine = VLLMEngine(await asyncio.to_thread(AsyncLLM.from_engine_args, args))
+        self.tokenizer = await _get_tokenizer(self.engine.llm)
 
     def count_tokens(self, text: str) -> int:
         if self.tokenizer is None:
@@ -125,37 +127,22 @@ class VLLMThinker(Thinker):
         s = self.settings
         params = SamplingParams(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                 seed=s.seed, output_kind=RequestOutputKind.DELTA)
-        self._active.add(request_id)
-        finished = False
-        try:
-            async for output in self.llm.generate(self._prompt(messages), params, request_id):
-                delta = output.outputs[0].text if output.outputs else ""
-                if delta:
-                    yield delta
-                finished = output.finished
-        finally:
-            self._active.discard(request_id)
-            if not finished:
-                await self.llm.abort(request_id)
+        async with aclosing(self.engine.deltas(self._prompt(messages), params, request_id)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def abort(self, request_id: str) -> None:
-        if self.llm is not None and request_id in self._active:
-            await self.llm.abort(request_id)
+        if self.engine is not None:
+            await self.engine.abort(request_id)
 
     @property
     def active_requests(self) -> int:
-        """Requests the vLLM engine still holds (unfinished or not yet freed)."""
-        if self.llm is None:
-            return 0
-        processor = getattr(self.llm, "output_processor", None)
-        if processor is not None and hasattr(processor, "get_num_unfinished_requests"):
-            return processor.get_num_unfinished_requests()
-        return len(self._active)
+        return 0 if self.engine is None else self.engine.active_requests
 
     async def shutdown(self) -> None:
-        if self.llm is not None:
-            self.llm.shutdown()
-            self.llm = None
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
 
 
 async def _get_tokenizer(llm):

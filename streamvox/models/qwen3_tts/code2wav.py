@@ -29,24 +29,28 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from streamvox.models.qwen3_tts.layers import (
+    GatedMlp,
+    LayerScaledBlock,
+    RMSNorm,
+    RotaryAttention,
+    activation,
+    check_plain_rope,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+
 __all__ = [
     "Code2Wav",
     "Code2WavConfig",
     "StreamState",
+    "assign_weights",
     "load_speech_tokenizer_state",
     "resolve_speech_tokenizer_dir",
 ]
 
 
 # --------------------------------------------------------------------------- config
-
-
-def check_plain_rope(cfg: dict[str, Any], where: str) -> None:
-    """Refuse RoPE variants this implementation does not do, rather than decode wrongly."""
-    scaling = cfg.get("rope_scaling")
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind != "default" or float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"{where}: only plain RoPE is supported, got rope_scaling={scaling!r}")
 
 
 @dataclass
@@ -178,6 +182,17 @@ class _Stateful(nn.Module):
     tail_name: str = ""
     rate: int = 1
 
+    def _prepend_tail(self, x: torch.Tensor, step: _Step, n: int) -> torch.Tensor:
+        """x [B, C, T] behind the last `n` input steps of the previous call (zeros for a fresh
+        stream); records this call's last `n` for the next one."""
+        tail = step.tails_in.get(self.tail_name)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[1], n)
+        xc = torch.cat([tail, x], dim=-1)
+        if step.keep_state:
+            step.tails_out[self.tail_name] = step.take_tail(xc, 2, step.frames * self.rate + n, n)
+        return xc
+
 
 # --------------------------------------------------------------------------- layers
 
@@ -193,15 +208,7 @@ class CausalConv1d(_Stateful):
     def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
         if self.context == 0:
             return self.conv(x)
-        tail = step.tails_in.get(self.tail_name)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], self.context)
-        xc = torch.cat([tail, x], dim=-1)
-        if step.keep_state:
-            step.tails_out[self.tail_name] = step.take_tail(
-                xc, 2, step.frames * self.rate + self.context, self.context
-            )
-        return self.conv(xc)
+        return self.conv(self._prepend_tail(x, step, self.context))
 
 
 class CausalConvTranspose1d(_Stateful):
@@ -221,15 +228,7 @@ class CausalConvTranspose1d(_Stateful):
         t = x.shape[-1]
         if self.context == 0:
             return self.conv(x)[..., : t * self.stride]
-        tail = step.tails_in.get(self.tail_name)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], self.context)
-        xc = torch.cat([tail, x], dim=-1)
-        if step.keep_state:
-            step.tails_out[self.tail_name] = step.take_tail(
-                xc, 2, step.frames * self.rate + self.context, self.context
-            )
-        y = self.conv(xc)
+        y = self.conv(self._prepend_tail(x, step, self.context))
         off = self.context * self.stride
         return y[..., off : off + t * self.stride]
 
@@ -307,129 +306,47 @@ class DecoderBlock(nn.Module):
         return x
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """Standard RoPE inverse frequencies (float32), `half`-rotation layout."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-def rope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, ...]:
-    """cos/sin of shape [B, T, head_dim] for integer `positions` [B, T], computed in float32."""
-    freqs = positions.float()[:, :, None] * inv_freq.to(positions.device)[None, None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, T, D] by cos/sin [B, T, D]."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rot * sin[:, None]
-
-
-class Attention(_Stateful):
+class Attention(RotaryAttention, _Stateful):
     """Causal self-attention over the last `window` positions (the query's own included)."""
 
     def __init__(self, cfg: Code2WavConfig) -> None:
-        super().__init__()
-        hd = cfg.attn_head_dim
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
-        self.head_dim = hd
+        super().__init__(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attn_head_dim, cfg.attention_bias
+        )
         self.window = cfg.sliding_window
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, cfg.hidden_size, bias=bias)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: _Step
     ) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q, k, v = self.rotated_qkv(x, cos, sin)
         ctx = self.window - 1
         if ctx > 0:
             kv = step.tails_in.get(self.tail_name)
             if kv is None:
-                kv = k.new_zeros(b, 2, self.n_kv, ctx, self.head_dim)
+                kv = k.new_zeros(x.shape[0], 2, self.n_kv, ctx, self.head_dim)
             k = torch.cat([kv[:, 0], k], dim=2)
             v = torch.cat([kv[:, 1], v], dim=2)
             if step.keep_state:
                 # tail: the last ctx rotated keys and values, [B, 2, H, ctx, D]
                 kv_all = torch.stack([k, v], dim=1)
                 step.tails_out[self.tail_name] = step.take_tail(kv_all, 3, step.frames + ctx, ctx)
-        if self.n_kv != self.n_heads:
-            rep = self.n_heads // self.n_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return self.attend(q, k, v, mask=mask)
 
 
-class Mlp(nn.Module):
-    def __init__(self, cfg: Code2WavConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        acts = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-        if cfg.hidden_act not in acts:
-            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
-        self.act = acts[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class TransformerLayer(nn.Module):
-    def __init__(self, cfg: Code2WavConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = Mlp(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: _Step
-    ) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, step))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+def _transformer_layer(cfg: Code2WavConfig) -> LayerScaledBlock:
+    return LayerScaledBlock(
+        Attention(cfg),
+        GatedMlp(cfg.hidden_size, cfg.intermediate_size, activation(cfg.hidden_act)),
+        lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        cfg.hidden_size,
+        cfg.layer_scale_initial_scale,
+    )
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([_transformer_layer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
@@ -623,6 +540,13 @@ def load_speech_tokenizer_state(path: str | Path, prefix: str) -> dict[str, torc
     return out
 
 
+def assign_weights(module: nn.Module, state: dict[str, torch.Tensor], half: str) -> None:
+    """Give a `module` built on the meta device the tensors of `state`; a missing or unexpected key is an error."""
+    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"speech tokenizer {half} weights mismatch: missing={missing} unexpected={unexpected}")
+
+
 class Code2Wav(nn.Module):
     """Codes -> 24 kHz waveform, offline (`decode`) or as exact per-request streams (`decode_stream`)."""
 
@@ -661,12 +585,7 @@ class Code2Wav(nn.Module):
         cfg = Code2WavConfig.from_dict(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
             model = cls(cfg)
-        state = load_speech_tokenizer_state(path, "decoder.")
-        missing, unexpected = model.decoder.load_state_dict(state, strict=False, assign=True)
-        if missing or unexpected:
-            raise ValueError(
-                f"speech tokenizer decoder weights mismatch: missing={missing} unexpected={unexpected}"
-            )
+        assign_weights(model.decoder, load_speech_tokenizer_state(path, "decoder."), "decoder")
         model.decoder.pre_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         if torch.device(device).type == "cuda" and os.environ.get("STREAMVOX_QWEN3_CODEC_COMPILE", "1") != "0":

@@ -23,10 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamvox.models.qwen3_tts.code2wav import (
-    apply_rope,
-    check_plain_rope,
+    assign_weights,
     load_speech_tokenizer_state,
     resolve_speech_tokenizer_dir,
+)
+from streamvox.models.qwen3_tts.layers import (
+    LayerScaledBlock,
+    RotaryAttention,
+    activation,
+    check_plain_rope,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -191,27 +196,17 @@ class SeanetEncoder(nn.Module):
         return x
 
 
-class EncAttention(nn.Module):
+class EncAttention(RotaryAttention):
+    """Causal self-attention over the whole clip."""
+
     def __init__(self, cfg: CodecEncoderConfig) -> None:
-        super().__init__()
-        hd = cfg.attn_head_dim
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
-        b = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * hd, bias=b)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=b)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * hd, bias=b)
-        self.o_proj = nn.Linear(self.n_heads * hd, cfg.hidden_size, bias=b)
+        super().__init__(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attn_head_dim, cfg.attention_bias
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.head_dim**-0.5)
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        q, k, v = self.rotated_qkv(x, cos, sin)
+        return self.attend(q, k, v, is_causal=x.shape[1] > 1)
 
 
 class EncMlp(nn.Module):
@@ -219,43 +214,26 @@ class EncMlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        acts = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu}
-        if cfg.hidden_act not in acts:
-            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
-        self.act = acts[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
 
 
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-class EncLayer(nn.Module):
-    def __init__(self, cfg: CodecEncoderConfig) -> None:
-        super().__init__()
-        self.self_attn = EncAttention(cfg)
-        self.mlp = EncMlp(cfg)
-        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+def _encoder_layer(cfg: CodecEncoderConfig) -> LayerScaledBlock:
+    return LayerScaledBlock(
+        EncAttention(cfg),
+        EncMlp(cfg),
+        lambda: nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps),
+        cfg.hidden_size,
+        cfg.layer_scale_initial_scale,
+    )
 
 
 class EncTransformer(nn.Module):
     def __init__(self, cfg: CodecEncoderConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([EncLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([_encoder_layer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.register_buffer("inv_freq", rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -371,11 +349,7 @@ class CodecEncoder(nn.Module):
         state = load_speech_tokenizer_state(path, "encoder.")
         # the checkpoint may also carry Mimi's decoder half, which encoding never uses
         state = {k: v for k, v in state.items() if k.split(".", 1)[0] in dict(model.mimi.named_children())}
-        missing, unexpected = model.mimi.load_state_dict(state, strict=False, assign=True)
-        if missing or unexpected:
-            raise ValueError(
-                f"speech tokenizer encoder weights mismatch: missing={missing} unexpected={unexpected}"
-            )
+        assign_weights(model.mimi, state, "encoder")
         model.mimi.encoder_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
         return model.to(device=device, dtype=dtype).eval()
 

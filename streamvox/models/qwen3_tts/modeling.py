@@ -22,6 +22,7 @@ from streamvox.models.qwen3_tts.config import (
     SpeakerEncoderConfig,
     TalkerConfig,
 )
+from streamvox.models.qwen3_tts.layers import GatedMlp, RMSNorm, apply_rope, rope_inv_freq
 
 
 class KVCache(Protocol):
@@ -50,22 +51,10 @@ class DenseCache:
 
 
 def _act(name: str) -> nn.Module:
+    """SiLU, the talker's only activation (cuda_graphs.py's fused MLP hard-codes it)."""
     if name != "silu":
         raise ValueError(f"unsupported activation {name!r}")
     return nn.SiLU()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
 
 
 class Rope(nn.Module):
@@ -76,9 +65,7 @@ class Rope(nn.Module):
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        dim = cfg.head_dim
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.section = cfg.mrope_section
         self.interleaved = cfg.mrope_interleaved
 
@@ -103,11 +90,6 @@ class Rope(nn.Module):
             chunks = emb_all.split(list(self.section) * 2, dim=-1)
             emb = torch.cat([c[i % 3] for i, c in enumerate(chunks)], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 class Attention(nn.Module):
@@ -137,9 +119,8 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(bsz, length, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(bsz, length, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(bsz, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         k, v = cache.update(self.layer, k, v)
         if mask is None:
             # Causal over the trailing `length` keys (keys before them are all visible).
@@ -150,23 +131,11 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(bsz, length, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act_fn = _act(cfg.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.mlp = GatedMlp(cfg.hidden_size, cfg.intermediate_size, _act(cfg.hidden_act))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -637,20 +637,24 @@ class Qwen3TTSRunner:
                 pos = torch.full((len(batch), 1), j + 2, dtype=torch.long, device=dev)
         return torch.stack(codes, dim=1)
 
+    def _add_frame(self, req: _Request, frame: torch.Tensor) -> bool:
+        """Buffer a generated frame; at `max_frames` the request finishes ("length"). Returns whether it goes on."""
+        req.buffer.append(frame)
+        req.n_frames += 1
+        if self.on_frame is not None:
+            self.on_frame(req.rid, frame)
+        if req.n_frames >= req.max_frames:
+            req.finish_reason = "length"
+            req.token = None
+            return False
+        return True
+
     def _decode(self, batch: list[_Request]) -> None:
         frames = self._predict_frames(batch)
         cont: list[_Request] = []
         rows: list[int] = []
         for i, req in enumerate(batch):
-            frame = frames[i]
-            req.buffer.append(frame)
-            req.n_frames += 1
-            if self.on_frame is not None:
-                self.on_frame(req.rid, frame)
-            if req.n_frames >= req.max_frames:
-                req.finish_reason = "length"
-                req.token = None
-            else:
+            if self._add_frame(req, frames[i]):
                 cont.append(req)
                 rows.append(i)
         if not cont:
@@ -730,15 +734,8 @@ class Qwen3TTSRunner:
         for req in batch:
             if req.finish_reason is not None:
                 continue
-            frame = launched[req.slot]
-            req.buffer.append(frame)
-            req.n_frames += 1
             req.length += 1
-            if self.on_frame is not None:
-                self.on_frame(req.rid, frame)
-            if req.n_frames >= req.max_frames:
-                req.finish_reason = "length"
-                req.token = None
+            self._add_frame(req, launched[req.slot])
         self._pending_tok = pending
 
     # ------------------------------------------------------------------ audio
@@ -768,23 +765,8 @@ class Qwen3TTSRunner:
         if due and self.codec is not None and self.dec_stream is not None:
             self._decode_async(due)
         elif due and self.codec is not None:
-            codes_list, states, drop = [], [], []
-            for req in due:
-                codes = torch.stack(req.buffer, dim=1)  # [G, t]
-                skip = 0
-                if req.codec_state is None:
-                    req.codec_state = self.codec.new_stream_state()
-                    if req.spec.ref_codes is not None:
-                        # Prime the decoder with the reference frames as left context; drop their audio.
-                        ref = req.spec.ref_codes.t().to(codes.device)
-                        codes = torch.cat([ref, codes], dim=1)
-                        skip = ref.shape[1] * self.codec.samples_per_frame
-                codes_list.append(codes)
-                states.append(req.codec_state)
-                drop.append(skip)
-            outs = self.codec.decode_stream(codes_list, states)
-            for req, pcm, skip in zip(due, outs, drop, strict=True):
-                pcm = pcm[skip:].float().cpu().numpy()
+            for req, piece in zip(due, self._decode_chunks(due), strict=True):
+                pcm = piece.float().cpu().numpy()
                 if pcm.size:
                     sink.audio(req.rid, pcm)
         for req in due:
@@ -800,6 +782,27 @@ class Qwen3TTSRunner:
                 self.release(rid)
                 sink.finished(rid, reason, n_in, n_out)
 
+    def _decode_chunks(self, due: list[_Request]) -> list[torch.Tensor]:
+        """Decode the buffered frames of the due requests in one batched codec call; returns each one's new PCM.
+
+        A request's first call primes the decoder with its reference frames (if any) as left context;
+        their audio is dropped here."""
+        assert self.codec is not None
+        codes_list, states, drop = [], [], []
+        for req in due:
+            codes = torch.stack(req.buffer, dim=1)  # [G, t]
+            skip = 0
+            if req.codec_state is None:
+                req.codec_state = self.codec.new_stream_state()
+                if req.spec.ref_codes is not None:
+                    ref = req.spec.ref_codes.t().to(codes.device)
+                    codes = torch.cat([ref, codes], dim=1)
+                    skip = ref.shape[1] * self.codec.samples_per_frame
+            codes_list.append(codes)
+            states.append(req.codec_state)
+            drop.append(skip)
+        outs = self.codec.decode_stream(codes_list, states)
+        return [pcm[skip:] for pcm, skip in zip(outs, drop, strict=True)]
 
     def _decode_async(self, due: list[_Request]) -> None:
         """Decode the due chunks on the decoder stream; their PCM reaches pinned memory asynchronously."""
@@ -807,21 +810,7 @@ class Qwen3TTSRunner:
         ds = self.dec_stream
         ds.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(ds):
-            codes_list, states, drop = [], [], []
-            for req in due:
-                codes = torch.stack(req.buffer, dim=1)
-                skip = 0
-                if req.codec_state is None:
-                    req.codec_state = self.codec.new_stream_state()
-                    if req.spec.ref_codes is not None:
-                        ref = req.spec.ref_codes.t().to(codes.device)
-                        codes = torch.cat([ref, codes], dim=1)
-                        skip = ref.shape[1] * self.codec.samples_per_frame
-                codes_list.append(codes)
-                states.append(req.codec_state)
-                drop.append(skip)
-            outs = self.codec.decode_stream(codes_list, states)
-            pieces = [pcm[skip:] for pcm, skip in zip(outs, drop, strict=True)]
+            pieces = self._decode_chunks(due)
             flat = torch.cat(pieces).float() if pieces else torch.zeros(0, device=ds.device)
             host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
             host.copy_(flat, non_blocking=True)
