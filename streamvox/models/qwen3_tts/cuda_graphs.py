@@ -151,11 +151,6 @@ class FrameStepper:
         fns = _compiled_fns(use_compile)
         self.tstack = _FusedStack(self.talker.model, fns)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns)
-        self._pred = self._pred_pass
-        # Opt-in: on the H200 the whole-pass compile measured slower than the compiled halves
-        # (frame step 7.3 vs 6.2 ms at batch 1, 9.1 vs 7.3 ms at batch 64).
-        if use_compile and os.environ.get("STREAMVOX_QWEN3_COMPILE_PREDICTOR", "0") == "1":
-            self._pred = torch.compile(self._pred_pass, dynamic=True, fullgraph=True)
         pc = self.talker.code_predictor.cfg
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
@@ -298,7 +293,7 @@ class FrameStepper:
         start = 0
         for j in range(self.groups - 1):
             n = x.shape[1]
-            tok = self._pred(x, self.pk, self.pv, self.pcos[:, start:start + n], self.psin[:, start:start + n],
+            tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n], self.psin[:, start:start + n],
                              start, cp.lm_head[j].weight, n > 1)
             codes.append(tok)
             start += n
@@ -335,8 +330,8 @@ class FrameStepper:
     def _pred_pass(self, x, pk, pv, cos, sin, start: int, w_head, causal: bool):
         """One code-predictor pass: `x` `[rows, n, H_talker]` at positions `[start, start + n)` through
         the projection, the 5 layers (keys/values into the scratch cache `pk`/`pv`) and codebook head
-        `w_head`; returns the greedy ids `[rows]`. `STREAMVOX_QWEN3_COMPILE_PREDICTOR=1` compiles it whole
-        (norms, RoPE, cache writes and residuals fused across layers); measured slower, so off by default."""
+        `w_head`; returns the greedy ids `[rows]`. (Compiling the whole pass measured slower on the H200 than
+        the compiled layer halves it uses: frame step 7.3 vs 6.2 ms at batch 1.)"""
         ps = self.pstack
         rows, n = x.shape[0], x.shape[1]
         end = start + n
@@ -374,16 +369,11 @@ class FrameStepper:
         with torch.cuda.stream(side):
             try:
                 self._forward(rows, width)
-            except Exception:  # a torch.compile failure: first drop the whole-pass predictor compile
-                log.exception("compiled predictor pass failed; continuing with the compiled layer halves only")
-                self._pred = self._pred_pass
-                try:
-                    self._forward(rows, width)
-                except Exception:  # then torch.compile altogether
-                    log.exception("compiled frame step failed; continuing without torch.compile")
-                    fns = _compiled_fns(False)
-                    self.tstack.pre, self.tstack.post, self.tstack.rms = fns
-                    self.pstack.pre, self.pstack.post, self.pstack.rms = fns
+            except Exception:  # a torch.compile failure: continue without torch.compile
+                log.exception("compiled frame step failed; continuing without torch.compile")
+                fns = _compiled_fns(False)
+                self.tstack.pre, self.tstack.post, self.tstack.rms = fns
+                self.pstack.pre, self.pstack.post, self.pstack.rms = fns
             for _ in range(2):
                 self._forward(rows, width)
         torch.cuda.current_stream().wait_stream(side)

@@ -22,9 +22,8 @@ benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast pa
 `STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
 (attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
 `STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
-prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_COMPILE_PREDICTOR=1` (compile each
-whole predictor pass; measured slower), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused SnakeBeta in the decoder),
-`STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
+prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
+SnakeBeta in the decoder), `STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
