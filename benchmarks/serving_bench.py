@@ -45,6 +45,13 @@ TEXTS = [
 ]
 
 
+def _timings(start: float, ttfp: float | None, pcm_bytes: int, sample_rate: int) -> dict:
+    """One request's TTFP, E2E (now), audio seconds (s16le mono) and RTF."""
+    e2e = time.perf_counter() - start
+    audio_s = pcm_bytes / 2 / sample_rate
+    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
+
+
 async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_rate: int) -> dict:
     start = time.perf_counter()
     ttfp = None
@@ -68,9 +75,7 @@ async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_r
                 if chunk and ttfp is None:
                     ttfp = time.perf_counter() - start
                 pcm_bytes += len(chunk)
-    e2e = time.perf_counter() - start
-    audio_s = pcm_bytes / 2 / sample_rate
-    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
+    return _timings(start, ttfp, pcm_bytes, sample_rate)
 
 
 class _SSEEvent(msgspec.Struct):
@@ -155,9 +160,7 @@ async def one_request_raw(connection: RawConnection, body: dict, sse: bool, samp
             if chunk and ttfp is None:
                 ttfp = time.perf_counter() - start
             pcm_bytes += len(chunk)
-    e2e = time.perf_counter() - start
-    audio_s = pcm_bytes / 2 / sample_rate
-    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
+    return _timings(start, ttfp, pcm_bytes, sample_rate)
 
 
 async def run_level(url: str, concurrency: int, num_requests: int, args) -> dict:

@@ -119,10 +119,13 @@ def _cloning_error(model: str) -> APIError:
                     "voice_cloning_unsupported")
 
 
-def _ready_info(request: Request):
+def _cloning_engine(request: Request):
+    """The engine, once it is ready and its model clones voices (else the API error to return)."""
     engine = request.app.state.streamvox.engine
     if engine.info is None or not engine.is_ready:
         raise APIError(503, "The speech engine is not available.", code="engine_unavailable")
+    if not engine.info.voice_cloning:
+        raise _cloning_error(engine.info.name)
     return engine
 
 
@@ -178,9 +181,7 @@ def _text_field(form, name: str) -> str | None:
 async def upload_voice(request: Request) -> Response:
     state = request.app.state.streamvox
     try:
-        engine = _ready_info(request)
-        if not engine.info.voice_cloning:
-            raise _cloning_error(engine.info.name)
+        engine = _cloning_engine(request)
         form = await _read_form(request)
         try:
             response = await _add_voice(request, state, engine, form)
@@ -247,9 +248,7 @@ async def _add_voice(request: Request, state, engine, form) -> Response:
 async def delete_voice(request: Request) -> Response:
     state = request.app.state.streamvox
     try:
-        engine = _ready_info(request)
-        if not engine.info.voice_cloning:
-            raise _cloning_error(engine.info.name)
+        engine = _cloning_engine(request)
         name = request.path_params["name"]
         base = engine.base_info or engine.info
         if name in base.voices:
