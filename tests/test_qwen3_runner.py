@@ -40,6 +40,9 @@ class FakeCodec:
     def new_stream_state(self) -> dict:
         return {"frames": 0}
 
+    def release_stream(self, state) -> None:
+        state["released"] = True
+
     def decode_stream(self, codes_list, states):
         self.calls.append([c.shape[1] for c in codes_list])
         outs = []

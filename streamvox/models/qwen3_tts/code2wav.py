@@ -141,7 +141,7 @@ class StreamState:
         return sum(t.numel() * t.element_size() for t in self.tails.values())
 
 
-class _Step:
+class DecodeStep:
     """What one batched forward needs: carried tails in, new tails out, per-row lengths.
 
     `frames[b]` is row b's number of real (unpadded) frames in this call; `rows_full`
@@ -182,7 +182,7 @@ class _Stateful(nn.Module):
     tail_name: str = ""
     rate: int = 1
 
-    def _prepend_tail(self, x: torch.Tensor, step: _Step, n: int) -> torch.Tensor:
+    def _prepend_tail(self, x: torch.Tensor, step: DecodeStep, n: int) -> torch.Tensor:
         """x [B, C, T] behind the last `n` input steps of the previous call (zeros for a fresh
         stream); records this call's last `n` for the next one."""
         tail = step.tails_in.get(self.tail_name)
@@ -205,7 +205,7 @@ class CausalConv1d(_Stateful):
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
         self.context = (kernel - 1) * dilation
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         if self.context == 0:
             return self.conv(x)
         return self.conv(self._prepend_tail(x, step, self.context))
@@ -224,7 +224,7 @@ class CausalConvTranspose1d(_Stateful):
         self.stride = stride
         self.context = -(-(kernel - stride) // stride)
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         t = x.shape[-1]
         if self.context == 0:
             return self.conv(x)[..., : t * self.stride]
@@ -270,7 +270,7 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         h = self.dwconv(x, step).transpose(1, 2)
         h = self.pwconv2(self.act(self.pwconv1(self.norm(h))))
         return x + (self.gamma * h).transpose(1, 2)
@@ -284,7 +284,7 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         h = self.conv1(self.act1(x), step)
         return x + self.conv2(self.act2(h), step)
 
@@ -299,7 +299,7 @@ class DecoderBlock(nn.Module):
             + [ResidualUnit(c_out, d) for d in (1, 3, 9)]
         )
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         x = self.block[0](x)
         for layer in self.block[1:]:
             x = layer(x, step)
@@ -316,7 +316,7 @@ class Attention(RotaryAttention, _Stateful):
         self.window = cfg.sliding_window
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: _Step
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, step: DecodeStep
     ) -> torch.Tensor:
         q, k, v = self.rotated_qkv(x, cos, sin)
         ctx = self.window - 1
@@ -353,7 +353,7 @@ class Transformer(nn.Module):
         self.window = cfg.sliding_window
         self.register_buffer("inv_freq", rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta), persistent=False)
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """x: [B, T, latent] -> [B, T, latent]."""
         b, t, _ = x.shape
         h = self.input_proj(x)
@@ -495,7 +495,7 @@ class Decoder(nn.Module):
             if isinstance(mod, _Stateful):
                 mod.tail_name = name
 
-    def forward(self, codes: torch.Tensor, step: _Step) -> torch.Tensor:
+    def forward(self, codes: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """codes [B, Q, T] -> waveform [B, T * total_upsample] in [-1, 1]."""
         h = self.quantizer.dequantize(codes)
         h = self.pre_conv(h, step)
@@ -620,7 +620,7 @@ class Code2Wav(nn.Module):
         self._check_codes(codes)
         b, _, t = codes.shape
         dev = self.decoder.pre_conv.conv.weight.device
-        step = _Step(
+        step = DecodeStep(
             frames=torch.full((b,), t, dtype=torch.long, device=dev),
             rows_full=True,
             start=torch.zeros(b, dtype=torch.long, device=dev),
@@ -632,6 +632,9 @@ class Code2Wav(nn.Module):
     def new_stream_state(self) -> StreamState:
         """Fresh per-request streaming state (nothing decoded yet)."""
         return StreamState()
+
+    def release_stream(self, state: StreamState) -> None:
+        """Nothing to do: a `StreamState` holds its own tails and is freed with the request."""
 
     @torch.inference_mode()
     def decode_stream(self, codes_list: list[torch.Tensor], states: list[StreamState]) -> list[torch.Tensor]:
@@ -694,7 +697,7 @@ class Code2Wav(nn.Module):
             if dev.type == "cuda":  # a pinned, non-blocking copy: no host sync
                 meta = meta.pin_memory()
             meta = meta.to(dev, non_blocking=True)
-            step = _Step(
+            step = DecodeStep(
                 frames=meta[: len(rows)],
                 rows_full=all(n == t_max for n in lens),
                 start=meta[len(rows) :],

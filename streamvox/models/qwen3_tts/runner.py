@@ -30,6 +30,7 @@ its `_Request` and is dropped on finish, failure or `release`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -43,6 +44,8 @@ import torch
 
 from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import ModelInfo, OutputSink, RequestError
+from streamvox.models.qwen3_tts.code2wav import Code2Wav
+from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, row_bucket, width_bucket
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
 from streamvox.models.qwen3_tts.modeling import DenseCache
@@ -72,6 +75,10 @@ class StreamingCodec(Protocol):
 
     def decode_stream(self, codes_list: list[torch.Tensor], states: list[Any]) -> list[torch.Tensor]:
         """codes_list[i]: `[G, t_i]` next frames of request i; returns its new samples `[t_i * spf]`."""
+        ...
+
+    def release_stream(self, state: Any) -> None:
+        """The request is gone: free what its state holds."""
         ...
 
 
@@ -205,7 +212,6 @@ class Qwen3TTSRunner:
         max_prefill_tokens: int = 16384,
     ) -> None:
         self.model = model
-        self.codec = codec
         self.reference_encoder = reference_encoder
         self.max_batch = max_batch
         self.codec_chunk_frames = codec_chunk_frames
@@ -242,9 +248,20 @@ class Qwen3TTSRunner:
                         if use_fast else None)
         self._pending_tok: tuple[torch.Tensor, Any, dict[int, _Request]] | None = None
         self._inflight: list[tuple[Any, torch.Tensor, list[tuple[_Request, int, int]]]] = []
-        self.dec_stream = torch.cuda.Stream(model.device) if model.device.type == "cuda" else None
-        if self.dec_stream is not None and hasattr(codec, "check_codes"):
+        # CUDA: the AR work (prefill, frame steps) and first chunks run on a high-priority stream, the
+        # other decoder calls on a low-priority one, so a busy decoder delays a new request's first audio
+        # as little as possible.
+        cuda = model.device.type == "cuda"
+        self.ar_stream = torch.cuda.Stream(model.device, priority=-1) if cuda else None
+        self.dec_stream = torch.cuda.Stream(model.device, priority=0) if cuda else None
+        graphs = os.environ.get("STREAMVOX_QWEN3_CODEC_GRAPHS", "auto")
+        if isinstance(codec, Code2Wav) and (graphs == "1" or (graphs == "auto" and cuda)):
+            codec = GraphedDecoder(codec, slots=2 * max_batch, max_rows=max_batch, max_frames=codec_chunk_frames,
+                                   lane_frames=(min(2, codec_chunk_frames), codec_chunk_frames))
+            codec.warmup()
+        elif cuda and isinstance(codec, Code2Wav):
             codec.check_codes = False  # our codes come from the model's heads: always in range (no host sync)
+        self.codec = codec
         if self.stepper is not None and self.stepper.use_graphs:
             warm = os.environ.get("STREAMVOX_QWEN3_WARMUP_WIDTHS", "256,512")
             widths = tuple(width_bucket(int(w), max_seq_len) for w in warm.split(",") if w.strip())
@@ -264,9 +281,17 @@ class Qwen3TTSRunner:
             voice_cloning=self.task == "base",
         )
 
+    def _on_ar_stream(self) -> contextlib.AbstractContextManager:
+        """Device work of the engine thread runs on the AR stream (CUDA), so it needs no cross-stream syncs."""
+        return torch.cuda.stream(self.ar_stream) if self.ar_stream is not None else contextlib.nullcontext()
+
     # ------------------------------------------------------------------ admission
 
     def add(self, request: SpeechRequest) -> None:
+        with self._on_ar_stream():
+            self._add(request)
+
+    def _add(self, request: SpeechRequest) -> None:
         rid = request.request_id
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already active", param="request_id")
@@ -321,6 +346,8 @@ class Qwen3TTSRunner:
             self.free_slots.sort()  # lowest slots first: the fast path's row count is the highest busy slot
             req.slot = None
         req.buffer.clear()
+        if req.codec_state is not None and self.codec is not None:
+            self.codec.release_stream(req.codec_state)
         req.codec_state = None
         req.hidden = None
 
@@ -432,7 +459,8 @@ class Qwen3TTSRunner:
         if self.task != "base":
             raise RequestError(f"model does not support voice cloning (a {self.task!r} checkpoint)",
                                param="audio", code="voice_cloning_unsupported")
-        self.cloned_voices[name] = self._analyse_reference(ref_audio, sample_rate, ref_text)
+        with self._on_ar_stream():
+            self.cloned_voices[name] = self._analyse_reference(ref_audio, sample_rate, ref_text)
 
     def remove_voice(self, name: str) -> None:
         """Forget a cloned voice; requests already admitted with it keep their copy."""
@@ -486,6 +514,10 @@ class Qwen3TTSRunner:
 
     @torch.inference_mode()
     def step(self, sink: OutputSink) -> None:
+        with self._on_ar_stream():
+            self._step(sink)
+
+    def _step(self, sink: OutputSink) -> None:
         tm = self._timing
         t0 = time.perf_counter()
         ready: list[_Request] = []
@@ -755,8 +787,17 @@ class Qwen3TTSRunner:
 
     def _emit(self, sink: OutputSink, block: bool = False) -> None:
         due = [r for r in (self.requests[i] for i in self.order) if (r.buffer and self._chunk_due(r))]
-        if due and self.codec is not None and self.dec_stream is not None:
-            self._decode_async(due)
+        if due and isinstance(self.codec, GraphedDecoder) and self.dec_stream is not None:
+            # first chunks: lane 0 on the AR stream (high priority); the rest: lane 1 on the decoder stream
+            small = self.codec.lane_frames(0)
+            first = [r for r in due if r.codec_state is None and r.spec.ref_codes is None and len(r.buffer) <= small]
+            if first:
+                self._decode_async(first, None, lane=0)
+            rest = [r for r in due if r not in first]
+            if rest:
+                self._decode_async(rest, self.dec_stream, lane=1)
+        elif due and self.codec is not None and self.dec_stream is not None:
+            self._decode_async(due, self.dec_stream)
         elif due and self.codec is not None:
             for req, piece in zip(due, self._decode_chunks(due), strict=True):
                 pcm = piece.float().cpu().numpy()
@@ -775,7 +816,7 @@ class Qwen3TTSRunner:
                 self.release(rid)
                 sink.finished(rid, reason, n_in, n_out)
 
-    def _decode_chunks(self, due: list[_Request]) -> list[torch.Tensor]:
+    def _decode_chunks(self, due: list[_Request], **lane: int) -> list[torch.Tensor]:
         """Decode the buffered frames of the due requests in one batched codec call; returns each one's new PCM.
 
         A request's first call primes the decoder with its reference frames (if any) as left context;
@@ -794,16 +835,17 @@ class Qwen3TTSRunner:
             codes_list.append(codes)
             states.append(req.codec_state)
             drop.append(skip)
-        outs = self.codec.decode_stream(codes_list, states)
+        outs = self.codec.decode_stream(codes_list, states, **lane)
         return [pcm[skip:] for pcm, skip in zip(outs, drop, strict=True)]
 
-    def _decode_async(self, due: list[_Request]) -> None:
-        """Decode the due chunks on the decoder stream; their PCM reaches pinned memory asynchronously."""
-        assert self.codec is not None and self.dec_stream is not None
-        ds = self.dec_stream
+    def _decode_async(self, due: list[_Request], stream: torch.cuda.Stream | None, **lane: int) -> None:
+        """Decode the due chunks on `stream` (None: the current one); their PCM reaches pinned memory
+        asynchronously."""
+        assert self.codec is not None
+        ds = stream or torch.cuda.current_stream()
         ds.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(ds):
-            pieces = self._decode_chunks(due)
+            pieces = self._decode_chunks(due, **lane)
             flat = torch.cat(pieces).float() if pieces else torch.zeros(0, device=ds.device)
             host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
             host.copy_(flat, non_blocking=True)
@@ -818,20 +860,24 @@ class Qwen3TTSRunner:
         self._inflight.append((event, host, spans))
 
     def _poll(self, sink: OutputSink, block: bool) -> None:
-        """Send the audio of finished decoder calls, oldest first (`block`: wait for the oldest)."""
-        while self._inflight:
-            event, host, spans = self._inflight[0]
-            if not event.query():
-                if not block:
-                    return
-                event.synchronize()
-            self._inflight.pop(0)
-            block = False
+        """Send the audio of every finished decoder call, oldest first (`block`: wait for the oldest if
+        none has finished). Calls finish out of order only across streams: a first chunk on the AR stream
+        may overtake older calls on the decoder stream. A call waits while an older one of the same request
+        does, so each request's audio goes out in order."""
+        if block and self._inflight and not any(e.query() for e, _, _ in self._inflight):
+            self._inflight[0][0].synchronize()
+        waiting, held = [], set()  # held: requests with an older call still running
+        for event, host, spans in self._inflight:
+            if not event.query() or any(req.rid in held for req, _, _ in spans):
+                waiting.append((event, host, spans))
+                held.update(req.rid for req, _, _ in spans)
+                continue
             pcm = host.numpy()
             for req, off, n in spans:
                 req.inflight -= 1
                 if n and self.requests.get(req.rid) is req:
                     sink.audio(req.rid, pcm[off : off + n].copy())
+        self._inflight = waiting
 
 
 def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype = torch.float32,
