@@ -102,6 +102,8 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
             log(f"# check {dtype} batch {n_req}: {json.dumps(row)}")
         del model
         torch.cuda.empty_cache() if device == "cuda" else None
+    if device == "cuda":
+        res.update(_check_graphed_decoder(model_dir))
     return res
 
 
@@ -154,8 +156,8 @@ def micro(model_dir: str) -> dict:
     # per codebook step (15), the projection each step.
     step_weight_b = talker_b + head_b + text_proj_b + 15 * (cp_layers_b + cp_head_b + proj_b)
     out["weights_bytes_per_step"] = step_weight_b
-    cache = _SlotCache(tc.num_hidden_layers, 64, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
-                       model.device)
+    cache = _SlotCache(tc.num_hidden_layers, 65, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
+                       model.device)  # 64 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     for graphs in (True, False) if os.environ.get("MICRO_EAGER", "0") == "1" else (True,):
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
@@ -176,8 +178,9 @@ def micro(model_dir: str) -> dict:
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
         if graphs:
-            # batched prefill (the fast path's): b prompts of 60 positions in one forward, vs one at a time
-            for b in (1, 16, 64):
+            # batched prefill (the fast path's, a CUDA graph per bucket): b prompts of 60 positions in one
+            # forward, vs one at a time (eager)
+            for b in (1, 4, 16, 64):
                 embs = [torch.randn(60, tc.hidden_size, dtype=torch.bfloat16, device="cuda") for _ in range(b)]
                 slots = list(range(b))
                 ms = _time_cuda(lambda st=st, slots=slots, embs=embs: st.prefill_batch(slots, embs), iters=5, warm=2)
@@ -238,6 +241,8 @@ def micro(model_dir: str) -> dict:
                 ms = _time_cuda(call, iters=10, warm=2)
                 out[f"decoder_{name}_b{b}_{f}frames_first_ms"] = ms
                 log(f"# decoder {name} B={b} first chunk of {f} frames: {ms:.2f} ms")
+        if dtype == torch.float32 and tf32:
+            out.update(_micro_graphed_decoder(codec, codes))
         del codec
         torch.cuda.empty_cache()
     if len(kinds) < 3:
@@ -251,6 +256,61 @@ def micro(model_dir: str) -> dict:
         out[f"decoder_{name}_rel_err_vs_fp32"] = err
         log(f"# decoder {name} vs strict fp32: relative L2 error {err:.2e} (SNR {-20 * np.log10(err + 1e-30):.1f} dB)")
     return out
+
+
+def _micro_graphed_decoder(codec, codes: torch.Tensor) -> dict:
+    """The serving decoder (`GraphedDecoder`, CUDA graphs, as the runner builds it for --max-batch 64):
+    first chunks (lane 0) and 25-frame calls (lane 1)."""
+    from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
+
+    out = {}
+    t0 = time.perf_counter()
+    dec = GraphedDecoder(codec, slots=128, max_rows=64, max_frames=25, lane_frames=(2, 25))
+    dec.warmup()
+    out["decoder_graphs_capture_s"] = time.perf_counter() - t0
+    log(f"# graphed decoder: graphs captured in {out['decoder_graphs_capture_s']:.1f} s")
+    for b in (1, 4, 16, 64):
+        for f, lane in ((1, 0), (2, 0), (25, 1)):
+            states = [dec.new_stream_state() for _ in range(b)]
+
+            def call(b=b, f=f, lane=lane, states=states):
+                for s in states:
+                    s.frames = 0 if lane == 0 else 2
+                return dec.decode_stream([codes[i, :, 2 : 2 + f] for i in range(b)], states, lane=lane)
+
+            ms = _time_cuda(call, iters=10, warm=2)
+            for s in states:
+                dec.release_stream(s)
+            out[f"decoder_graphed_b{b}_{f}frames_ms"] = ms
+            log(f"# graphed decoder B={b} x {f} frames ({'first chunk' if lane == 0 else 'later chunk'}): "
+                f"{ms:.2f} ms ({b * f * 0.08 / (ms / 1e3):.0f} audio s/s)")
+    return out
+
+
+def _check_graphed_decoder(model_dir: str) -> dict:
+    """The graphed decoder against `Code2Wav.decode_stream` (both fp32/TF32), 8 streams of 2 + 25 + 7
+    frames, several streams per call: relative L2 error of the audio."""
+    from streamvox.models.qwen3_tts.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
+
+    codec = Code2Wav.from_pretrained(os.path.join(model_dir, "speech_tokenizer"), device="cuda")
+    codec.check_codes = False
+    codes = torch.randint(0, 2048, (8, 16, 34), generator=torch.Generator().manual_seed(1)).cuda()
+    dec = GraphedDecoder(codec, slots=16, max_rows=8, max_frames=25, lane_frames=(2, 25))
+    plain_states = [codec.new_stream_state() for _ in range(8)]
+    graph_states = [dec.new_stream_state() for _ in range(8)]
+    plain, graphed = [[] for _ in range(8)], [[] for _ in range(8)]
+    for lane, (a, b) in ((0, (0, 2)), (1, (2, 27)), (1, (27, 34))):
+        pieces = [codes[i, :, a:b] for i in range(8)]
+        for i, w in enumerate(codec.decode_stream(pieces, plain_states)):
+            plain[i].append(w.float().cpu())
+        for i, w in enumerate(dec.decode_stream(pieces, graph_states, lane=lane)):
+            graphed[i].append(w.float().cpu())
+    ref = torch.cat([torch.cat(p) for p in plain])
+    got = torch.cat([torch.cat(g) for g in graphed])
+    err = float((got - ref).norm() / ref.norm())
+    log(f"# graphed decoder vs Code2Wav.decode_stream: relative L2 error {err:.2e}")
+    return {"graphed_decoder_rel_err": err}
 
 
 def profile(model_dir: str) -> dict:

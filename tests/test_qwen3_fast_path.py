@@ -86,13 +86,15 @@ def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:
     assert eager == frames and done_e == done
 
 
-def _burst(model, monkeypatch, batched: str, n: int = 8) -> tuple[dict, dict, list[int]]:
+def _burst(model, monkeypatch, batched: str, n: int = 8, bucketed: bool = False) -> tuple[dict, dict, list[int]]:
     """n greedy requests of different prompt lengths arrive at once; returns frames, finishes and the
-    number of prompts prefilled by the first step."""
+    number of prompts prefilled by the first step. `bucketed`: the prefill goes through the static
+    bucketed buffers that the GPU's prefill graphs capture (rows padded onto the scratch slot)."""
     monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "1")
     monkeypatch.setenv("STREAMVOX_QWEN3_BATCH_PREFILL", batched)
     log = FrameLog()
     runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    runner.stepper.bucketed_prefill = bucketed
     sink = RecordingSink()
     for i in range(n):
         text = " ".join([TEXTS[i % len(TEXTS)]] * (1 + i % 3))  # prompts of different lengths
@@ -124,6 +126,15 @@ def test_batched_prefill_equals_one_at_a_time(model, monkeypatch) -> None:
                                  sampling=SamplingParams(temperature=0.0, max_new_tokens=12 + i)))
     drain(runner, sink)
     assert log.frames == many and sink.done == done_many
+
+
+def test_bucketed_prefill_equals_unpadded(model, monkeypatch) -> None:
+    """5 prompts go into the 8-row bucket (3 padded rows write to the scratch slot) and the 64-position
+    length bucket: the same frames as the unpadded batched prefill."""
+    plain, done_plain, admitted = _burst(model, monkeypatch, "1", n=5)
+    padded, done_padded, _ = _burst(model, monkeypatch, "1", n=5, bucketed=True)
+    assert len(admitted) == 5 and max(admitted) < 64
+    assert padded == plain and done_padded == done_plain
 
 
 def test_batched_prefill_respects_the_token_cap(model, monkeypatch) -> None:

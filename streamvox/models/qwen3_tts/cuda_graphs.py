@@ -111,6 +111,9 @@ def _compiled_fns(enabled: bool):
 log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 WIDTH_STEP = 256  # talker attention width buckets: multiples of this
+PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
+PREFILL_MAX_LEN = 512
+PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
 
 
 def row_bucket(n: int, max_rows: int) -> int:
@@ -174,6 +177,15 @@ class FrameStepper:
         self.eos_mask[eos] = True
         self.ar = torch.arange(max(slots, self.groups + 1), device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # batched prefill graphs (CUDA): static prompt buffer, rows x length buckets, the cache's last
+        # slot as scratch for padded rows (the runner never hands it out)
+        self.scratch = slots - 1
+        self.prefill_rows = tuple(r for r in ROW_BUCKETS if r < slots - 1) + (slots - 1,)
+        self.prefill_lens = PREFILL_MAX_LEN // PREFILL_LEN_STEP
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.bucketed_prefill = use_graphs  # static, bucketed buffers (without graphs: for tests)
+        self.pf_x = torch.zeros(self.prefill_rows[-1], PREFILL_MAX_LEN, h, dtype=model.dtype, device=dev)
+        self.pf_meta = torch.zeros(2, self.prefill_rows[-1], dtype=torch.long, device=dev)
         self.pool = None
         self._pinned: torch.Tensor | None = None
 
@@ -220,12 +232,16 @@ class FrameStepper:
 
         Causal attention keeps every real position blind to the padding after it; the padded positions'
         keys are written too, past each row's length, where the frame step masks them out until it
-        overwrites them. Slots must be reset (`reset_slot`) first."""
+        overwrites them. Slots must be reset (`reset_slot`) first.
+
+        With graphs, a batch that fits `prefill_rows` x `prefill_len` replays the graph of its
+        (rows, length) bucket over static buffers; padded rows write to the scratch slot."""
         b = len(slots)
         lens = [int(e.shape[0]) for e in embeds]
         n = max(lens)
-        ts = self.tstack
-        kc, vc = self.cache.k, self.cache.v
+        if self.bucketed_prefill and b <= self.prefill_rows[-1] and n <= PREFILL_MAX_LEN:
+            self._prefill_bucketed(slots, embeds, lens)
+            return
         dev = self.device
         idx = torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True)
         last = torch.tensor([x - 1 for x in lens], dtype=torch.long).to(dev, non_blocking=True)
@@ -235,6 +251,57 @@ class FrameStepper:
             x = embeds[0].new_zeros(b, n, embeds[0].shape[1])
             for i, e in enumerate(embeds):
                 x[i, : e.shape[0]] = e
+        self._prefill_forward(x, idx, last)
+
+    def _prefill_bucketed(self, slots: list[int], embeds: list[torch.Tensor], lens: list[int]) -> None:
+        b = len(slots)
+        rows = next(r for r in self.prefill_rows if r >= b)
+        width = -(-max(lens) // PREFILL_LEN_STEP) * PREFILL_LEN_STEP
+        graph = None
+        if self.use_graphs:
+            graph = self.prefill_graphs.get((rows, width)) or self._capture_prefill(rows, width)
+        if all(x == lens[0] for x in lens):
+            self.pf_x[:b, : lens[0]].copy_(torch.stack(embeds))
+        else:
+            for i, e in enumerate(embeds):
+                self.pf_x[i, : lens[i]].copy_(e)
+        pad = rows - b
+        meta = torch.tensor([list(slots) + [self.scratch] * pad, [x - 1 for x in lens] + [0] * pad],
+                            dtype=torch.long)
+        if self.device.type == "cuda":
+            meta = meta.pin_memory()
+        self.pf_meta[:, :rows].copy_(meta, non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill_forward(self.pf_x[:rows, :width], self.pf_meta[0, :rows], self.pf_meta[1, :rows])
+
+    def _capture_prefill(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
+        """Capture the (rows, width) prefill graph; warm-up and capture write to the scratch slot only."""
+        self.pf_meta[0, :rows] = self.scratch
+        self.pf_meta[1, :rows] = width - 1
+        x, idx, last = self.pf_x[:rows, :width], self.pf_meta[0, :rows], self.pf_meta[1, :rows]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._prefill_forward(x, idx, last)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._prefill_forward(x, idx, last)
+        self.prefill_graphs[(rows, width)] = graph
+        return graph
+
+    def _prefill_forward(self, x: torch.Tensor, idx: torch.Tensor, last: torch.Tensor) -> None:
+        """The batched prefill's device work: prompts `x` `[b, n, H]` into KV slots `idx`, each row's
+        hidden state at `last` choosing its first codebook-0 id."""
+        b, n = x.shape[0], x.shape[1]
+        ts = self.tstack
+        kc, vc = self.cache.k, self.cache.v
+        dev = self.device
         cos, sin = self.talker.model.rotary(torch.arange(n, device=dev)[None], x.dtype)
 
         def attend(i, q, k, v):
@@ -390,8 +457,10 @@ class FrameStepper:
 
     @torch.inference_mode()
     def warmup(self, max_rows: int, widths: tuple[int, ...]) -> None:
-        """Capture the graphs for every row bucket up to `max_rows` at the given widths (at load)."""
-        if not self.use_graphs:
+        """Capture the frame-step graphs for every row bucket up to `max_rows` at the given widths, and
+        the prefill graphs of at most PREFILL_MAX_TOKENS positions (at load). No widths: nothing now (every
+        graph is captured on first use)."""
+        if not self.use_graphs or not widths:
             return
         for w in widths:
             for b in ROW_BUCKETS:
@@ -399,6 +468,11 @@ class FrameStepper:
                     break
                 if (b, w) not in self.graphs:
                     self._capture(b, w)
+        for rows in self.prefill_rows:
+            for i in range(1, self.prefill_lens + 1):
+                width = i * PREFILL_LEN_STEP
+                if rows * width <= PREFILL_MAX_TOKENS and (rows, width) not in self.prefill_graphs:
+                    self._capture_prefill(rows, width)
         torch.cuda.synchronize()
 
 

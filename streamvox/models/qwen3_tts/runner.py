@@ -229,7 +229,8 @@ class Qwen3TTSRunner:
         tc = cfg.talker
         assert tc.code_predictor is not None
         self.groups = tc.num_code_groups
-        self.cache = _SlotCache(tc.num_hidden_layers, max_batch, tc.num_key_value_heads, max_seq_len,
+        # one slot more than requests: the fast path's scratch slot (padded rows of a batched prefill)
+        self.cache = _SlotCache(tc.num_hidden_layers, max_batch + 1, tc.num_key_value_heads, max_seq_len,
                                 tc.head_dim, model.dtype, model.device)
         self.free_slots = list(range(max_batch))
         self.requests: dict[str, _Request] = {}
