@@ -100,6 +100,8 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
                                               "first_differing_frame": first_diff}
             res[f"{str(dtype).split('.')[-1]}_batch{n_req}"] = row
             log(f"# check {dtype} batch {n_req}: {json.dumps(row)}")
+        if device == "cuda":
+            res[f"{str(dtype).split('.')[-1]}_prefill"] = _check_prefill_graph(model)
         del model
         torch.cuda.empty_cache() if device == "cuda" else None
     if device == "cuda":
@@ -285,6 +287,34 @@ def _micro_graphed_decoder(codec, codes: torch.Tensor) -> dict:
             log(f"# graphed decoder B={b} x {f} frames ({'first chunk' if lane == 0 else 'later chunk'}): "
                 f"{ms:.2f} ms ({b * f * 0.08 / (ms / 1e3):.0f} audio s/s)")
     return out
+
+
+def _check_prefill_graph(model) -> dict:
+    """The prefill graph (3 prompts of 60, 37 and 51 positions in the (4, 64) bucket, one padded row on the
+    scratch slot) against the same prompts prefilled eagerly without padding: relative error of the last
+    hidden states and of the written keys."""
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.runner import _SlotCache
+
+    tc = model.cfg.talker
+    lens = (60, 37, 51)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    embeds = [0.05 * torch.randn(n, tc.hidden_size, generator=g, device="cuda", dtype=model.dtype) for n in lens]
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    got = {}
+    for graphs in (False, True):
+        cache = _SlotCache(tc.num_hidden_layers, 9, tc.num_key_value_heads, 256, tc.head_dim, model.dtype, model.device)
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
+        for s in range(3):
+            st.reset_slot(s, 1.0)
+        st.prefill_batch([0, 1, 2], embeds)
+        keys = torch.cat([cache.k[:, s, :, :n].float().flatten() for s, n in enumerate(lens)])
+        got[graphs] = (st.hidden[:3].float(), keys, st.token[:3].clone())
+    (h0, k0, t0), (h1, k1, t1) = got[False], got[True]
+    row = {"hidden_rel_err": float((h1 - h0).norm() / h0.norm()), "keys_rel_err": float((k1 - k0).norm() / k0.norm()),
+           "same_first_ids": int((t0 == t1).sum()), "rows": 3}
+    log(f"# check {model.dtype} prefill graph vs eager: {json.dumps(row)}")
+    return row
 
 
 def _check_graphed_decoder(model_dir: str) -> dict:

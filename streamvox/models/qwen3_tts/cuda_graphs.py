@@ -318,7 +318,7 @@ class FrameStepper:
         logits = self.talker.codec_head(h).float()
         tok = self._choose(logits, idx)
         self.token[idx] = tok
-        self.seen[idx, tok] = True  # fresh slots: nothing seen yet, one id each
+        self.seen.index_put_((idx, tok), torch.ones_like(tok, dtype=torch.bool))  # fresh slots: one id each
         self.count[idx] += 1
 
     @torch.inference_mode()

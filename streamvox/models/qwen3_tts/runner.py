@@ -247,7 +247,7 @@ class Qwen3TTSRunner:
         use_fast = fast == "1" or (fast == "auto" and model.device.type == "cuda")
         self.stepper = (FrameStepper(model, self.cache, self.suppress, tc.codec_eos_token_id, MIN_NEW_TOKENS)
                         if use_fast else None)
-        self._pending_tok: tuple[torch.Tensor, Any, dict[int, _Request]] | None = None
+        self._pending_tok: tuple[torch.Tensor | None, Any, dict[int, _Request]] | None = None
         self._inflight: list[tuple[Any, torch.Tensor, list[tuple[_Request, int, int]]]] = []
         # CUDA: the AR work (prefill, frame steps) and first chunks run on a high-priority stream, the
         # other decoder calls on a low-priority one, so a busy decoder delays a new request's first audio
@@ -733,25 +733,28 @@ class Qwen3TTSRunner:
             if self.dec_stream is not None:
                 frames.record_stream(self.dec_stream)  # the decoder stream reads these later
             launched = frames
-            pending = None
+            # The chosen ids come back to pinned memory asynchronously; the next step waits for them. That
+            # wait also keeps the host at most one step ahead of the GPU, so a new request's prefill is
+            # never queued behind a backlog of frame steps; with end-of-speech ignored it still waits.
+            tok = st.token[:rows]
+            host = None
             if not self.ignore_eos:
-                tok = st.token[:rows]
                 host = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=tok.is_cuda)
                 host.copy_(tok, non_blocking=True)
-                event = None
-                if tok.is_cuda:
-                    event = torch.cuda.Event()
-                    event.record()
-                pending = (host, event, {r.slot: r for r in batch})  # type: ignore[misc]
+            event = None
+            if tok.is_cuda:
+                event = torch.cuda.Event()
+                event.record()
+            pending = (host, event, {r.slot: r for r in batch})  # type: ignore[misc]
         # End-of-speech chosen by the previous step: those requests get no frame from this one.
         eos = self.model.cfg.talker.codec_eos_token_id
         if self._pending_tok is not None:
             host, event, reqs = self._pending_tok
             if event is not None:
                 event.synchronize()  # the previous step: already done or nearly, as this one is queued
-            ids_prev = host.tolist()
+            ids_prev = host.tolist() if host is not None else []
             for slot, req in reqs.items():
-                if ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
+                if ids_prev and ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
                     req.finish_reason = "stop"
                     req.token = None
             self._pending_tok = None
