@@ -10,7 +10,7 @@ Each step:
    next codebook-0 id (batched over slots of different lengths with a key mask).
    A request still waiting for its next text token is skipped: it burns no pad;
 3. chunking: buffered frames go to the streaming codec decoder in one batched call
-   (first chunk `initial_codec_chunk_frames` or 1-2 frames by load, then doubling up to
+   (first chunk `initial_codec_chunk_frames` or 1 frame, then doubling up to
    `codec_chunk_frames`) and the new samples are sent with `sink.audio`.
 GPU fast path (`cuda_graphs.FrameStepper`, on by default on CUDA; env `STREAMVOX_QWEN3_FAST`=0/1 forces
 it off/on): greedy requests keep their pending id and hidden state in slot-indexed device buffers, and
@@ -60,6 +60,7 @@ TASK_ALIASES = {
 }
 _log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
+POLL_INTERVAL_S = 2e-4  # while waiting for the GPU with decoder calls in flight
 
 
 class StreamingCodec(Protocol):
@@ -539,7 +540,7 @@ class Qwen3TTSRunner:
         if slow:
             self._decode(slow)
         if fast or self._pending_tok is not None:
-            self._decode_fast(fast)
+            self._decode_fast(fast, sink)
         t2 = time.perf_counter()
         self._emit(sink, block=not batch)
         if tm is not None:
@@ -706,7 +707,7 @@ class Qwen3TTSRunner:
             req.hidden = h[i]
             self._choose(req, logits[i])
 
-    def _decode_fast(self, batch: list[_Request]) -> None:
+    def _decode_fast(self, batch: list[_Request], sink: OutputSink) -> None:
         """One frame for every request in `batch` through the slot-indexed stepper (see cuda_graphs)."""
         st = self.stepper
         assert st is not None
@@ -751,7 +752,7 @@ class Qwen3TTSRunner:
         if self._pending_tok is not None:
             host, event, reqs = self._pending_tok
             if event is not None:
-                event.synchronize()  # the previous step: already done or nearly, as this one is queued
+                self._wait(event, sink)
             ids_prev = host.tolist() if host is not None else []
             for slot, req in reqs.items():
                 if ids_prev and ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
@@ -767,14 +768,24 @@ class Qwen3TTSRunner:
             self._add_frame(req, launched[req.slot])
         self._pending_tok = pending
 
+    def _wait(self, event: torch.cuda.Event, sink: OutputSink) -> None:
+        """Wait for the previous frame step (done or nearly, as this one is queued); meanwhile send the
+        audio of decoder calls as they finish, so a first chunk does not wait for the next step."""
+        if not self._inflight:
+            event.synchronize()
+            return
+        while not event.query():
+            self._poll(sink, block=False)
+            time.sleep(POLL_INTERVAL_S)
+
     # ------------------------------------------------------------------ audio
 
     def _first_chunk(self, req: _Request) -> int:
         if req.initial_chunk is not None:
             return req.initial_chunk
-        # A small first chunk for latency (one frame with few streams, two with many); the chunks after
-        # it double (see `_chunk_size`), so the per-call cost of the decoder stays bounded.
-        return min(self.codec_chunk_frames, 1 if len(self.requests) <= 4 else 2)
+        # One frame, for latency; the chunks after it double (see `_chunk_size`), so the number of decoder
+        # calls per request stays small.
+        return 1
 
     def _chunk_size(self, req: _Request) -> int:
         """Frames in the request's next chunk: the first chunk, then doubling up to `codec_chunk_frames`
