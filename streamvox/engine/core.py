@@ -72,16 +72,17 @@ class Pacer:
         self._streams: dict[str, _Paced] = {}
         self._next_deadline = math.inf
 
-    def add(self, request_id: str, pcm: np.ndarray, now: float, out: list[tuple[str, np.ndarray]]) -> None:
+    def add(self, request_id: str, pcm: np.ndarray, now: float, out: list[tuple[str, np.ndarray]]) -> bool:
+        """Queue a request's new audio; True when it is the request's first (appended to `out` at once)."""
         if not len(pcm):
-            return
+            return False
         paced = self._streams.get(request_id)
         if paced is None:  # the first audio of the request: send at once
             paced = self._streams[request_id] = _Paced()
             paced.first_at = paced.last_at = now
             paced.sent = len(pcm)
             out.append((request_id, pcm))
-            return
+            return True
         paced.parts.append(pcm)
         paced.pending += len(pcm)
         if paced.pending >= self.max_samples:
@@ -89,6 +90,7 @@ class Pacer:
         else:
             paced.deadline = self._deadline(paced)
             self._next_deadline = min(self._next_deadline, paced.deadline)
+        return False
 
     def _interval(self) -> float:
         return max(self.min_interval_s, len(self._streams) / self.max_deltas_per_s)
@@ -159,7 +161,8 @@ class EngineCore:
     # OutputSink
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
-        self.pacer.add(request_id, pcm, self._now, self._audio)
+        if self.pacer.add(request_id, pcm, self._now, self._audio):
+            self._send_outputs()  # a first packet leaves now, even in the middle of a long step
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
         self.pacer.end(request_id, self._now, self._audio)
