@@ -61,6 +61,7 @@ TASK_ALIASES = {
 _log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
 POLL_INTERVAL_S = 2e-4  # while waiting for the GPU with decoder calls in flight
+BLOCK_MAX_S = 1e-3  # with nothing but decoder calls in flight, the longest wait before the engine looks for requests
 
 
 class StreamingCodec(Protocol):
@@ -875,12 +876,15 @@ class Qwen3TTSRunner:
         self._inflight.append((event, host, spans))
 
     def _poll(self, sink: OutputSink, block: bool) -> None:
-        """Send the audio of every finished decoder call, oldest first (`block`: wait for the oldest if
-        none has finished). Calls finish out of order only across streams: a first chunk on the AR stream
+        """Send the audio of every finished decoder call, oldest first (`block`: wait a little for the
+        oldest if none has finished; never long, so the engine keeps admitting new requests while a long
+        decoder call runs). Calls finish out of order only across streams: a first chunk on the AR stream
         may overtake older calls on the decoder stream. A call waits while an older one of the same request
         does, so each request's audio goes out in order."""
-        if block and self._inflight and not any(e.query() for e, _, _ in self._inflight):
-            self._inflight[0][0].synchronize()
+        if block and self._inflight:
+            deadline = time.perf_counter() + BLOCK_MAX_S
+            while not any(e.query() for e, _, _ in self._inflight) and time.perf_counter() < deadline:
+                time.sleep(POLL_INTERVAL_S)
         waiting, held = [], set()  # held: requests with an older call still running
         for event, host, spans in self._inflight:
             if not event.query() or any(req.rid in held for req, _, _ in spans):
