@@ -15,15 +15,19 @@ Each step:
 GPU fast path (`cuda_graphs.FrameStepper`, on by default on CUDA; env `STREAMVOX_QWEN3_FAST`=0/1 forces
 it off/on): greedy requests keep their pending id and hidden state in slot-indexed device buffers, and
 each step is one CUDA-graph replay per (row bucket, attention width) with no host sync; the chosen ids
-are read back asynchronously one step later to notice end-of-speech. The codec decoder then runs on a
-second CUDA stream and its PCM is copied to pinned memory asynchronously, so decoding overlaps the next
-AR steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
+are read back asynchronously one step later to notice end-of-speech (that wait also keeps the host at
+most one step ahead of the GPU). Prefills of up to 512 positions replay a graph per (rows, length) bucket.
+On CUDA the codec decoder is a `codec_graphs.GraphedDecoder` (graphs per (rows, frames) bucket, carried
+state in slot buffers): first chunks decode on the AR stream, which has high priority, and later chunks on
+a low-priority decoder stream; PCM reaches pinned memory asynchronously, so decoding overlaps the next AR
+steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
 benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
 `STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
 (attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
 `STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
 prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
-SnakeBeta in the decoder), `STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
+SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1` (the plain `Code2Wav` decoder on CUDA / the slot
+decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
