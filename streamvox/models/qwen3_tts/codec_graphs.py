@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from streamvox.models.qwen3_tts.code2wav import Code2Wav, DecodeStep
+from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
 
 log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -61,7 +63,7 @@ class _Lane:
     frame_buckets: tuple[int, ...]
     graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
     outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    pool: object = None
+    pool: Any = None  # CUDA graph memory pool of its graphs
     stream: torch.cuda.Stream | None = None  # the CUDA stream of its last call
 
 
@@ -88,7 +90,8 @@ class GraphedDecoder:
         self.releasing: list[tuple[list[torch.cuda.Event], int]] = []
         self.lanes = [
             _Lane(scratch=slots + i, codes=torch.zeros(max_rows, q, f, dtype=torch.long, device=self.device),
-                  meta=torch.zeros(3, max_rows, dtype=torch.long, device=self.device), frame_buckets=frame_buckets(f))
+                  meta=torch.zeros(3, max_rows, dtype=torch.long, device=self.device), frame_buckets=frame_buckets(f),
+                  pool=torch.cuda.graph_pool_handle() if self.use_graphs else None)
             for i, f in enumerate(lane_frames)
         ]
         for lane in self.lanes:
@@ -222,18 +225,7 @@ class GraphedDecoder:
         ln.meta[0, :rows] = 1
         ln.meta[1, :rows] = 0
         ln.meta[2, :rows] = ln.scratch
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward(ln, rows, t)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if ln.pool is None:
-            ln.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=ln.pool):
-            ln.outputs[(rows, t)] = self._forward(ln, rows, t)
-        ln.graphs[(rows, t)] = graph
+        ln.graphs[(rows, t)], ln.outputs[(rows, t)] = capture_graph(lambda: self._forward(ln, rows, t), ln.pool)
 
     @torch.inference_mode()
     def warmup(self) -> None:

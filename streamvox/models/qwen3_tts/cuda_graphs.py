@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +111,25 @@ def _compiled_fns(enabled: bool):
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
+    capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
+    call's output (static: each replay overwrites it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
@@ -186,7 +207,7 @@ class FrameStepper:
         self.bucketed_prefill = use_graphs  # static, bucketed buffers (without graphs: for tests)
         self.pf_x = torch.zeros(self.prefill_rows[-1], PREFILL_MAX_LEN, h, dtype=model.dtype, device=dev)
         self.pf_meta = torch.zeros(2, self.prefill_rows[-1], dtype=torch.long, device=dev)
-        self.pool = None
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None  # shared by all its graphs
         self._pinned: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ host-side helpers (no sync)
@@ -281,17 +302,7 @@ class FrameStepper:
         self.pf_meta[0, :rows] = self.scratch
         self.pf_meta[1, :rows] = width - 1
         x, idx, last = self.pf_x[:rows, :width], self.pf_meta[0, :rows], self.pf_meta[1, :rows]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._prefill_forward(x, idx, last)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._prefill_forward(x, idx, last)
+        graph, _ = capture_graph(lambda: self._prefill_forward(x, idx, last), self.pool)
         self.prefill_graphs[(rows, width)] = graph
         return graph
 
@@ -426,29 +437,18 @@ class FrameStepper:
         graph.replay()
 
     def _capture(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream (lazy inits, cuBLAS workspaces), on a copy of the state so the
-        # captured step does not advance anything; then capture and restore.
+        # Warm up and capture on a copy of the state, so the captured step does not advance anything.
         saved = [t.clone() for t in (self.hidden, self.token, self.pos, self.count, self.seen)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         active_saved = self.active.clone()
         self.active.zero_()  # inactive rows commit nothing (only their KV position gets a write)
-        with torch.cuda.stream(side):
-            try:
-                self._forward(rows, width)
-            except Exception:  # a torch.compile failure: continue without torch.compile
-                log.exception("compiled frame step failed; continuing without torch.compile")
-                fns = _compiled_fns(False)
-                self.tstack.pre, self.tstack.post, self.tstack.rms = fns
-                self.pstack.pre, self.pstack.post, self.pstack.rms = fns
-            for _ in range(2):
-                self._forward(rows, width)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        try:
             self._forward(rows, width)
+        except Exception:  # a torch.compile failure: continue without torch.compile
+            log.exception("compiled frame step failed; continuing without torch.compile")
+            fns = _compiled_fns(False)
+            self.tstack.pre, self.tstack.post, self.tstack.rms = fns
+            self.pstack.pre, self.pstack.post, self.pstack.rms = fns
+        graph, _ = capture_graph(lambda: self._forward(rows, width), self.pool)
         for t, old in zip((self.hidden, self.token, self.pos, self.count, self.seen), saved, strict=True):
             t.copy_(old)
         self.active.copy_(active_saved)
