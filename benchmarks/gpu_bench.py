@@ -267,7 +267,7 @@ def _micro_graphed_decoder(codec, codes: torch.Tensor) -> dict:
 
     out = {}
     t0 = time.perf_counter()
-    dec = GraphedDecoder(codec, slots=128, max_rows=64, max_frames=25, lane_frames=(2, 25))
+    dec = GraphedDecoder(codec, slots=128, max_rows=64, lane_frames=(2, 25))
     dec.warmup()
     out["decoder_graphs_capture_s"] = time.perf_counter() - t0
     log(f"# graphed decoder: graphs captured in {out['decoder_graphs_capture_s']:.1f} s")
@@ -326,7 +326,7 @@ def _check_graphed_decoder(model_dir: str) -> dict:
     codec = Code2Wav.from_pretrained(os.path.join(model_dir, "speech_tokenizer"), device="cuda")
     codec.check_codes = False
     codes = torch.randint(0, 2048, (8, 16, 34), generator=torch.Generator().manual_seed(1)).cuda()
-    dec = GraphedDecoder(codec, slots=16, max_rows=8, max_frames=25, lane_frames=(2, 25))
+    dec = GraphedDecoder(codec, slots=16, max_rows=8, lane_frames=(2, 25))
     plain_states = [codec.new_stream_state() for _ in range(8)]
     graph_states = [dec.new_stream_state() for _ in range(8)]
     plain, graphed = [[] for _ in range(8)], [[] for _ in range(8)]

@@ -36,7 +36,7 @@ def test_frame_buckets() -> None:
 def test_streams_equal_offline_decode(codec: Code2Wav) -> None:
     """Six streams (more than `max_rows`) with uneven chunks, chunks longer than a lane's largest
     bucket, a stream joining late, and first chunks on lane 0: each equals its offline decode."""
-    dec = GraphedDecoder(codec, slots=8, max_rows=4, max_frames=6, lane_frames=(2, 6), use_graphs=False)
+    dec = GraphedDecoder(codec, slots=8, max_rows=4, lane_frames=(2, 6), use_graphs=False)
     lens = [23, 17, 30, 9, 14, 20]
     codes = [_codes(40 + i, n) for i, n in enumerate(lens)]
     plans = [[1, 5, 0, 9, 8], [2, 0, 0, 15], [1, 7, 15, 1, 6], [0, 0, 2, 7], [1, 13], [2, 3, 3, 12]]
@@ -73,7 +73,7 @@ def test_streams_equal_offline_decode(codec: Code2Wav) -> None:
 
 def test_released_slot_starts_fresh(codec: Code2Wav) -> None:
     """A slot given back and taken by a new stream carries nothing of the old one."""
-    dec = GraphedDecoder(codec, slots=1, max_rows=2, max_frames=4, use_graphs=False)
+    dec = GraphedDecoder(codec, slots=1, max_rows=2, lane_frames=(4,), use_graphs=False)
     old = dec.new_stream_state()
     dec.decode_stream([_codes(1, 7)], [old])
     dec.release_stream(old)
@@ -85,7 +85,7 @@ def test_released_slot_starts_fresh(codec: Code2Wav) -> None:
 
 
 def test_zero_frame_rows(codec: Code2Wav) -> None:
-    dec = GraphedDecoder(codec, slots=2, max_rows=2, max_frames=4, use_graphs=False)
+    dec = GraphedDecoder(codec, slots=2, max_rows=2, lane_frames=(4,), use_graphs=False)
     s1, s2 = dec.new_stream_state(), dec.new_stream_state()
     got = dec.decode_stream([_codes(3, 0), _codes(4, 2)], [s1, s2])
     assert got[0].shape == (0,) and got[1].shape == (2 * SPF,)

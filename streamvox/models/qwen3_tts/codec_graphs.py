@@ -70,9 +70,10 @@ class _Lane:
 class GraphedDecoder:
     """`StreamingCodec` over a `Code2Wav`: per-slot tails, one graph per (lane, rows, frames) bucket."""
 
-    def __init__(self, codec: Code2Wav, slots: int, max_rows: int, max_frames: int,
-                 lane_frames: tuple[int, ...] | None = None, use_graphs: bool | None = None) -> None:
-        """`lane_frames[i]`: the largest chunk lane i takes in one graph (default: one lane, `max_frames`)."""
+    def __init__(self, codec: Code2Wav, slots: int, max_rows: int, lane_frames: tuple[int, ...],
+                 use_graphs: bool | None = None) -> None:
+        """`slots`: streams at once; `max_rows`: rows per graph; `lane_frames[i]`: the largest chunk lane i
+        takes in one graph (longer ones are decoded in pieces)."""
         self.codec = codec
         self.decoder = codec.decoder
         w = codec.decoder.pre_conv.conv.weight
@@ -80,10 +81,8 @@ class GraphedDecoder:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.max_rows = max_rows
         self.row_buckets = (*(b for b in ROW_BUCKETS if b < max_rows), max_rows)
-        self.max_frames = max_frames
         self.spf = codec.samples_per_frame
         q = codec.num_quantizers
-        lane_frames = lane_frames or (max_frames,)
         self.tails = {name: torch.zeros((slots + len(lane_frames), *shape), dtype=self.dtype, device=self.device)
                       for name, shape in self._tail_shapes().items()}
         self.free = list(range(slots))

@@ -263,8 +263,8 @@ class Qwen3TTSRunner:
         self.dec_stream = torch.cuda.Stream(model.device, priority=0) if cuda else None
         graphs = os.environ.get("STREAMVOX_QWEN3_CODEC_GRAPHS", "auto")
         if isinstance(codec, Code2Wav) and (graphs == "1" or (graphs == "auto" and cuda)):
-            codec = GraphedDecoder(codec, slots=2 * max_batch, max_rows=max_batch, max_frames=codec_chunk_frames,
-                                   lane_frames=(min(2, codec_chunk_frames), codec_chunk_frames))
+            lanes = (min(2, codec_chunk_frames), codec_chunk_frames)  # first chunks; the rest
+            codec = GraphedDecoder(codec, slots=2 * max_batch, max_rows=max_batch, lane_frames=lanes)
             codec.warmup()
         elif cuda and isinstance(codec, Code2Wav):
             codec.check_codes = False  # our codes come from the model's heads: always in range (no host sync)
