@@ -372,7 +372,9 @@ def profile(model_dir: str) -> dict:
     with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         st.step(1, 256)
         torch.cuda.synchronize()
-    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+    tables = {"frame_step_b1": prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
+                                                         max_name_column_width=90)}
+    log(tables["frame_step_b1"])
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
     model.talker.model.run(emb, pos, _PrefillView(cache, 0))
@@ -380,8 +382,9 @@ def profile(model_dir: str) -> dict:
     with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         model.talker.model.run(emb, pos, _PrefillView(cache, 0))
         torch.cuda.synchronize()
-    log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
-    return {}
+    tables["prefill_60"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=90)
+    log(tables["prefill_60"])
+    return tables  # kept in --json-out: a log filter cannot lose them
 
 
 # ------------------------------------------------------------------------------------------ serve
