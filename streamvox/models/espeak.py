@@ -9,6 +9,14 @@ starts from the same state, requests cannot leak into each other, and they
 synthesise in parallel. The child reads text from a pipe as it arrives and
 writes every buffer eSpeak hands to the synthesis callback back at once.
 
+Once a request has its first packet, its child is background work: it runs at
+SCHED_IDLE, and only a few background children run at a time (`_BackgroundSlots`),
+those whose audio runs out soonest at real-time playback; the others are stopped
+(SIGSTOP) until their turn. The CPU stays as busy, but the scheduler sees a few
+idle-class tasks instead of hundreds: under EEVDF each runnable SCHED_IDLE task
+still has a small weight, and two hundred of them together held the event loop off
+the CPU for several milliseconds at a time.
+
 The shared library and its data come from the `espeakng-loader` wheel
 (eSpeak NG is GPL-3.0); nothing is downloaded.
 """
@@ -17,12 +25,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import heapq
 import os
 import re
 import selectors
 import signal
 import struct
 import tempfile
+import time
 
 import espeakng_loader
 import msgspec
@@ -44,6 +54,12 @@ _MAX_CLAUSE_WORDS = 24
 # runs far faster than real time, so the rest of it must not delay the event loop, the core, or another
 # request's first packet (which that request's child still computes at normal priority).
 _BACKGROUND_NICE = 19  # where SCHED_IDLE is refused
+# Background children allowed to run at once, per CPU, and how often the running set is chosen again.
+# Enough to keep every CPU busy (a child blocks now and then on a full pipe); few enough that their
+# scheduler weight stays negligible next to the server's.
+_BACKGROUND_RUNNING_PER_CPU = 2
+_BACKGROUND_SLICE_S = 0.02
+_PR_SET_PDEATHSIG = 1
 
 # OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
 OPENAI_VOICE_ALIASES = {
@@ -266,6 +282,9 @@ class _Child:
         self.buffer = bytearray()
         self.input_open = True
         self.fresh = True  # no audio read yet
+        self.first_audio_at = 0.0  # monotonic time its first audio was read
+        self.samples = 0  # read so far
+        self.stopped = False  # SIGSTOPped by `_BackgroundSlots`
 
     def send_text(self, text: str) -> None:
         if self.input_open:
@@ -290,6 +309,65 @@ class _Child:
         return _reaped(self.pid)
 
 
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class _BackgroundSlots:
+    """Lets at most `limit` background children run at once: those whose audio runs out soonest
+    (played in real time from its first packet), earliest deadline first.
+
+    Chosen again every `slice_s` (and when a running one leaves); the others are stopped. The
+    work is the same, and with `limit` at least the number of CPUs the CPUs stay busy with it.
+    """
+
+    def __init__(self, limit: int, sample_rate: int, slice_s: float = _BACKGROUND_SLICE_S) -> None:
+        self.limit = limit
+        self.rate = sample_rate
+        self.slice_s = slice_s
+        self.children: dict[str, _Child] = {}
+        self.stopped = 0
+        self._next_at = 0.0
+
+    def add(self, request_id: str, child: _Child) -> None:
+        self.children[request_id] = child  # it is running now
+        if len(self.children) - self.stopped > self.limit:
+            self._next_at = 0.0
+
+    def remove(self, request_id: str) -> None:
+        child = self.children.pop(request_id, None)
+        if child is None:
+            return
+        if child.stopped:
+            self.stopped -= 1
+        elif self.stopped:
+            self._next_at = 0.0  # a slot is free
+            self.balance()
+
+    def balance(self) -> None:
+        now = time.monotonic()
+        if now < self._next_at or len(self.children) - self.stopped <= self.limit and not self.stopped:
+            return
+        self._next_at = now + self.slice_s
+        rate = self.rate
+        run = heapq.nsmallest(self.limit, self.children.values(),
+                              key=lambda child: child.first_audio_at + child.samples / rate)
+        run_pids = {child.pid for child in run}
+        for child in self.children.values():
+            if child.pid in run_pids:
+                if child.stopped:
+                    _signal(child.pid, signal.SIGCONT)
+                    child.stopped = False
+                    self.stopped -= 1
+            elif not child.stopped:
+                _signal(child.pid, signal.SIGSTOP)
+                child.stopped = True
+                self.stopped += 1
+
+
 def _reaped(pid: int) -> bool:
     """Reap `pid` if it has exited, without waiting: an exiting process can take milliseconds to go."""
     try:
@@ -301,7 +379,8 @@ def _reaped(pid: int) -> bool:
 class EspeakRunner:
     """Runs each eSpeak NG request in a child process forked from a pristine state."""
 
-    def __init__(self, name: str = "espeak", poll_interval_s: float = 0.0) -> None:
+    def __init__(self, name: str = "espeak", poll_interval_s: float = 0.0,
+                 max_running_background: int | None = None) -> None:
         self._espeak = EspeakLibrary()
         self._languages = [name for name in self._espeak.languages() if self._espeak.voice_works(name)]
         self._espeak.set_voice("en-us")  # the state every child starts from
@@ -326,6 +405,11 @@ class EspeakRunner:
         # The subset whose first audio has not come yet: the core watches it even while it lets
         # the others' output collect for a moment, so a first packet is never held back.
         self._fresh = selectors.DefaultSelector()
+        if max_running_background is None:
+            max_running_background = _BACKGROUND_RUNNING_PER_CPU * len(os.sched_getaffinity(0))
+        self._background = _BackgroundSlots(max_running_background, self.info.sample_rate)
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
+        self._pid = os.getpid()
 
     def add(self, request: SpeechRequest) -> None:
         voice = request.voice or request.language or self.info.default_voice
@@ -352,6 +436,10 @@ class EspeakRunner:
             gc.disable()  # short-lived: a collection would touch (copy-on-write) the whole inherited heap
             code = 0
             try:
+                # Killed with the core: a stopped child would otherwise never notice that its pipes closed.
+                self._prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != self._pid:
+                    raise SystemExit
                 self._selector.close()  # the child's copies of the epoll fds; the parent's registrations stay
                 self._fresh.close()
                 others = [*self._by_fd, *(c.text_fd for c in self._children.values())]
@@ -374,13 +462,16 @@ class EspeakRunner:
             child.send_text(text)
 
     def end_input(self, request_id: str) -> None:
-        if (child := self._children.get(request_id)) is not None:
+        if (child := self._children.get(request_id)) is not None and child.input_open:
             child.end_input()
+            if not child.fresh:  # the child makes itself background work (`_to_background`)
+                self._background.add(request_id, child)
 
     def release(self, request_id: str) -> None:
         if (child := self._children.pop(request_id, None)) is not None:
             del self._by_fd[child.audio_fd]
             self._selector.unregister(child.audio_fd)
+            self._background.remove(request_id)
             if child.fresh:
                 self._fresh.unregister(child.audio_fd)
             if not child.close():
@@ -419,8 +510,12 @@ class EspeakRunner:
             child.buffer += data
             if child.fresh and len(child.buffer) > _HEADER.size:
                 child.fresh = False
+                child.first_audio_at = time.monotonic()
                 self._fresh.unregister(key.fd)
+                if not child.input_open:  # the child has made itself background work (`_to_background`)
+                    self._background.add(request_id, child)
             self._forward(request_id, child, sink, eof=not data)
+        self._background.balance()
 
     def _forward(self, request_id: str, child: _Child, sink: OutputSink, eof: bool) -> None:
         """Send every complete frame in the child's buffer as one delta (fewer, larger deltas under load)."""
@@ -439,6 +534,7 @@ class EspeakRunner:
             del buffer[: _HEADER.size + size]
         if frames:
             pcm = np.frombuffer(b"".join(frames), dtype="<i2")
+            child.samples += len(pcm)
             sink.audio(request_id, pcm.astype(np.float32) / 32768.0)
         if finished is not None:
             self.release(request_id)
