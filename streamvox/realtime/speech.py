@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import msgspec
 import numpy as np
+import pybase64
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -190,7 +190,7 @@ def _sse(payload: dict) -> bytes:
 
 def _sse_audio_delta(pcm16: bytes) -> bytes:
     """`_sse({"type": "speech.audio.delta", "audio": base64})`, byte for byte, without a JSON pass over the audio."""
-    return b'data: {"type":"speech.audio.delta","audio":"' + base64.b64encode(pcm16) + b'"}\n\n'
+    return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(pcm16) + b'"}\n\n'
 
 
 async def _sse_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
@@ -231,7 +231,7 @@ async def speech_batch(request: Request) -> Response:
             stats.end("ok", params.sample_rate)
             return {"index": index, "status": "succeeded", "response_format": params.response_format,
                     "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format),
-                    "audio": base64.b64encode(data).decode(),
+                    "audio": pybase64.b64encode_as_string(data),
                     "usage": {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
                               "total_tokens": done.input_tokens + done.output_tokens}}
         except APIError as error:
