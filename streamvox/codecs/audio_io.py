@@ -44,11 +44,13 @@ class Resampler:
         self.out_rate = out_rate
         self._stream = None if in_rate == out_rate else soxr.ResampleStream(
             in_rate, out_rate, 1, dtype="float32", quality="MQ")
+        self.produced = 0  # output samples so far
 
     def process(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
-        if self._stream is None:
-            return pcm
-        return self._stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
+        if self._stream is not None:
+            pcm = self._stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
+        self.produced += len(pcm)
+        return pcm
 
     def flush(self) -> np.ndarray:
         return self.process(np.zeros(0, dtype=np.float32), last=True)

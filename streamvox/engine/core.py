@@ -10,9 +10,9 @@ Audio is paced on the way out (`Pacer`): a request's first delta goes at
 once; later audio is merged while the client still has plenty of audio
 ahead of its playback, so under load the front end handles a few large
 deltas per request instead of one per model buffer. A request that asks for
-another output rate (`SpeechRequest.sample_rate`) has its audio resampled here,
-before pacing and off the server's event loop. Everything one loop iteration
-produces leaves as one ZMQ message (`messages.Outputs`).
+another output rate (`SpeechRequest.sample_rate`) has its deltas resampled here
+as they leave (few, large calls), off the server's event loop. Everything one
+loop iteration produces leaves as one ZMQ message (`messages.Outputs`).
 """
 
 from __future__ import annotations
@@ -44,11 +44,9 @@ _CORE_NICE = 5
 class _Paced:
     """One request's outgoing audio: what was sent (for the client's playback clock) and what waits."""
 
-    __slots__ = ("rate", "max_samples", "first_at", "last_at", "sent", "parts", "pending", "deadline")
+    __slots__ = ("first_at", "last_at", "sent", "parts", "pending", "deadline")
 
-    def __init__(self, rate: int, max_samples: int) -> None:
-        self.rate = rate
-        self.max_samples = max_samples
+    def __init__(self) -> None:
         self.first_at = 0.0
         self.last_at = 0.0
         self.sent = 0  # samples
@@ -66,34 +64,31 @@ class Pacer:
     deltas are at least `min_interval_s` apart, a floor that grows with the number of
     active requests (at most about `max_deltas_per_s` deltas in all). A request's
     remaining audio leaves with its end. Concatenated deltas are identical whatever the timing.
-    Samples are at `sample_rate`, or at the `rate` given with a request's first audio.
     """
 
     def __init__(self, sample_rate: int, *, headroom_s: float = 0.5, max_delta_s: float = 1.0,
                  min_interval_s: float = 0.02, max_deltas_per_s: float = 2000.0) -> None:
         self.rate = sample_rate
         self.headroom_s = headroom_s
-        self.max_delta_s = max_delta_s
+        self.max_samples = int(max_delta_s * sample_rate)
         self.min_interval_s = min_interval_s
         self.max_deltas_per_s = max_deltas_per_s
         self._streams: dict[str, _Paced] = {}
         self._next_deadline = math.inf
 
-    def add(self, request_id: str, pcm: np.ndarray, now: float, out: list[tuple[str, np.ndarray]],
-            rate: int | None = None) -> None:
+    def add(self, request_id: str, pcm: np.ndarray, now: float, out: list[tuple[str, np.ndarray]]) -> None:
         if not len(pcm):
             return
         paced = self._streams.get(request_id)
         if paced is None:  # the first audio of the request: send at once
-            rate = rate or self.rate
-            paced = self._streams[request_id] = _Paced(rate, int(self.max_delta_s * rate))
+            paced = self._streams[request_id] = _Paced()
             paced.first_at = paced.last_at = now
             paced.sent = len(pcm)
             out.append((request_id, pcm))
             return
         paced.parts.append(pcm)
         paced.pending += len(pcm)
-        if paced.pending >= paced.max_samples:
+        if paced.pending >= self.max_samples:
             self._emit(request_id, paced, now, out)
         else:
             paced.deadline = self._deadline(paced)
@@ -103,7 +98,7 @@ class Pacer:
         return max(self.min_interval_s, len(self._streams) / self.max_deltas_per_s)
 
     def _deadline(self, paced: _Paced) -> float:
-        playback_low = paced.first_at + paced.sent / paced.rate - self.headroom_s
+        playback_low = paced.first_at + paced.sent / self.rate - self.headroom_s
         return max(paced.last_at + self._interval(), playback_low)
 
     def _emit(self, request_id: str, paced: _Paced, now: float, out: list[tuple[str, np.ndarray]]) -> None:
@@ -138,6 +133,12 @@ class Pacer:
         """The request was cancelled: its held audio is discarded."""
         self._streams.pop(request_id, None)
 
+    def restart(self, request_id: str) -> None:
+        """Nothing the request was sent reached its client: its next audio counts as its first (sent at once)."""
+        paced = self._streams.get(request_id)
+        if paced is not None and not paced.pending:
+            del self._streams[request_id]
+
     def timeout_s(self, now: float) -> float:
         """How long the core may sleep before some held audio is due."""
         return max(0.0, self._next_deadline - now)
@@ -169,30 +170,44 @@ class EngineCore:
     # OutputSink
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
-        if (resampler := self._resamplers.get(request_id)) is None:
-            self.pacer.add(request_id, pcm, self._now, self._audio)
-        else:  # before pacing: the first packet is the first resampled audio (soxr holds back its first ~1000)
-            self.pacer.add(request_id, resampler.process(pcm), self._now, self._audio, resampler.out_rate)
+        self.pacer.add(request_id, pcm, self._now, self._audio)
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
-        if (resampler := self._resamplers.pop(request_id, None)) is not None:
-            self.pacer.add(request_id, resampler.flush(), self._now, self._audio, resampler.out_rate)
         self.pacer.end(request_id, self._now, self._audio)
         self._ended.append(m.Finished(request_id, reason, input_tokens, output_tokens))
 
     def failed(self, request_id: str, error: RequestError) -> None:
-        self._resamplers.pop(request_id, None)
         self.pacer.end(request_id, self._now, self._audio)
         self._ended.append(m.Failed(request_id, error.message, error.code, error.param))
 
     def _send_outputs(self) -> None:
         if not self._audio and not self._ended:
             return
+        if self._resamplers:
+            self._resample()
         header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
         self._push(frames)
         self._audio = []
         self._ended = []
+
+    def _resample(self) -> None:
+        """This iteration's deltas at their requests' output rates; a finished request's resampler tail goes last."""
+        audio = []
+        for request_id, pcm in self._audio:
+            if (resampler := self._resamplers.get(request_id)) is not None:
+                pcm = resampler.process(pcm)
+                if not resampler.produced:
+                    # soxr holds back its first ~1000 input samples: the request's next audio is its first
+                    # packet again, sent at once rather than paced.
+                    self.pacer.restart(request_id)
+            if len(pcm):
+                audio.append((request_id, pcm))
+        for end in self._ended:
+            resampler = self._resamplers.pop(end.request_id, None)
+            if resampler is not None and isinstance(end, m.Finished) and len(tail := resampler.flush()):
+                audio.append((end.request_id, tail))
+        self._audio = audio
 
     # loop
 
@@ -269,11 +284,12 @@ class EngineCore:
                     return False
 
     def _add_request(self, request: SpeechRequest) -> None:
+        info = self.runner.info
         rate = request.sample_rate
-        if rate is not None and rate != self.runner.info.sample_rate:
-            if not 1000 <= rate <= 384000:
-                raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
-            self._resamplers[request.request_id] = Resampler(self.runner.info.sample_rate, rate)
+        if rate is not None and not 1000 <= rate <= 384000:
+            raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
+        if rate is not None and rate != info.sample_rate:
+            self._resamplers[request.request_id] = Resampler(info.sample_rate, rate)
         try:
             self.runner.add(request)
         except RequestError:
