@@ -241,15 +241,24 @@ def cpu_times(args) -> dict[str, float]:
         core = args.core_pid
         fields = stat(core)
         result["core"] = (int(fields[11]) + int(fields[12])) / tick
-        # Synthesis processes the core has reaped, plus those still running (the spare, busy ones).
+        # Everything below the core (eSpeak's fork server and synthesis processes): what its processes
+        # have reaped, plus the processes still running with what they have reaped.
         children = (int(fields[13]) + int(fields[14])) / tick
-        with open(f"/proc/{core}/task/{core}/children") as f:
-            for child in f.read().split():
-                try:
-                    child_fields = stat(int(child))
-                    children += (int(child_fields[11]) + int(child_fields[12])) / tick
-                except (OSError, ValueError):
-                    pass
+
+        def descendants(p: int) -> list[int]:
+            try:
+                with open(f"/proc/{p}/task/{p}/children") as f:
+                    pids = [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                return []
+            return pids + [d for child in pids for d in descendants(child)]
+
+        for child in descendants(core):
+            try:
+                child_fields = stat(child)
+                children += sum(int(child_fields[i]) for i in (11, 12, 13, 14)) / tick
+            except (OSError, ValueError):
+                pass
         result["synthesis"] = children
     except (OSError, ValueError, IndexError):
         pass

@@ -1,8 +1,10 @@
 """Audio I/O for the wire: resampling, PCM conversion and file encoders.
 
-The engine produces mono float32 PCM at the model's rate. Everything a client
-receives passes through here: a per-request `Resampler` (stateful, so chunk
-boundaries are seamless), then s16le PCM, a streaming WAV, or a whole file.
+The engine produces mono float32 PCM at the model's rate, or at the rate a
+request asks for. Everything a client receives passes through here: a
+per-request `Resampler` (stateful, so chunk boundaries are seamless; the engine
+core runs it for requests that carry their output rate), then s16le PCM, a
+streaming WAV, or a whole file.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class Resampler:
     """Streaming sample-rate conversion for one request (soxr keeps the filter state).
 
     soxr's medium quality ("MQ": 16-bit precision) matches the s16le that clients receive, at about
-    60% of the CPU of its default ("HQ", 20-bit); resampling runs on the event loop for every delta.
+    60% of the CPU of its default ("HQ", 20-bit); it runs for every delta, in the engine core when the
+    request carries its output rate (`SpeechRequest.sample_rate`), else on the event loop.
     """
 
     def __init__(self, in_rate: int, out_rate: int) -> None:
@@ -41,11 +44,13 @@ class Resampler:
         self.out_rate = out_rate
         self._stream = None if in_rate == out_rate else soxr.ResampleStream(
             in_rate, out_rate, 1, dtype="float32", quality="MQ")
+        self.produced = 0  # output samples so far
 
     def process(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
-        if self._stream is None:
-            return pcm
-        return self._stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
+        if self._stream is not None:
+            pcm = self._stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
+        self.produced += len(pcm)
+        return pcm
 
     def flush(self) -> np.ndarray:
         return self.process(np.zeros(0, dtype=np.float32), last=True)

@@ -43,7 +43,7 @@ _TURN_COST_MS = 0.75
 
 
 class AudioChunk(msgspec.Struct):
-    """New samples (mono float32 at the model's sample rate)."""
+    """New samples (mono float32 at the request's `sample_rate`, by default the model's)."""
 
     pcm: np.ndarray
 
@@ -95,13 +95,14 @@ class VoiceRefused(Exception):
 class _Stream:
     """Front-end state of one request: its queued events, its consumer's turn, buffered audio."""
 
-    __slots__ = ("events", "turn", "turn_queued", "buffered_samples")
+    __slots__ = ("events", "turn", "turn_queued", "buffered_samples", "rate")
 
-    def __init__(self) -> None:
+    def __init__(self, rate: int) -> None:
         self.events: deque[EngineEvent] = deque()
         self.turn: asyncio.Future | None = None  # the consumer waits for it
         self.turn_queued = False
         self.buffered_samples = 0
+        self.rate = rate  # of its audio
 
 
 class AsyncEngine:
@@ -369,7 +370,7 @@ class AsyncEngine:
         if not self.is_ready:
             yield EngineError("The speech engine is not available.", "engine_unavailable")
             return
-        stream = _Stream()
+        stream = _Stream(request.sample_rate or self.info.sample_rate)
         request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id}")
@@ -388,7 +389,7 @@ class AsyncEngine:
                 if isinstance(event, AudioChunk):
                     # Merge the audio that queued up meanwhile, up to a cap: a stalled client's backlog is not
                     # copied (and written to its transport) in one piece, and one turn stays short.
-                    parts, merged, cap = [event.pcm], len(event.pcm), int(_MAX_DELTA_S * self.info.sample_rate)
+                    parts, merged, cap = [event.pcm], len(event.pcm), int(_MAX_DELTA_S * stream.rate)
                     while merged < cap and events and isinstance(events[0], AudioChunk):
                         parts.append(events.popleft().pcm)
                         merged += len(parts[-1])
@@ -483,7 +484,7 @@ class AsyncEngine:
         pcm = np.frombuffer(frame.buffer, dtype="<f4")
         stream.buffered_samples += len(pcm)
         self._post(stream, AudioChunk(pcm))
-        if stream.buffered_samples > self.max_buffered_audio_s * self.info.sample_rate:
+        if stream.buffered_samples > self.max_buffered_audio_s * stream.rate:
             self.cancel(request_id, SLOW_CONSUMER)
 
     def _end(self, message: m.Finished | m.Failed) -> None:

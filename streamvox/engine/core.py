@@ -9,8 +9,10 @@ spinning, and blocks on the socket alone while the runner is idle.
 Audio is paced on the way out (`Pacer`): a request's first delta goes at
 once; later audio is merged while the client still has plenty of audio
 ahead of its playback, so under load the front end handles a few large
-deltas per request instead of one per model buffer. Everything one loop
-iteration produces leaves as one ZMQ message (`messages.Outputs`).
+deltas per request instead of one per model buffer. A request that asks for
+another output rate (`SpeechRequest.sample_rate`) has its deltas resampled here
+as they leave (few, large calls), off the server's event loop. Everything one
+loop iteration produces leaves as one ZMQ message (`messages.Outputs`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import traceback
 import numpy as np
 import zmq
 
+from streamvox.codecs.audio_io import Resampler
 from streamvox.engine import messages as m
+from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import RequestError, Runner
 
 log = logging.getLogger(__name__)
@@ -131,6 +135,12 @@ class Pacer:
         """The request was cancelled: its held audio is discarded."""
         self._streams.pop(request_id, None)
 
+    def restart(self, request_id: str) -> None:
+        """Nothing the request was sent reached its client: its next audio counts as its first (sent at once)."""
+        paced = self._streams.get(request_id)
+        if paced is not None and not paced.pending:
+            del self._streams[request_id]
+
     def timeout_s(self, now: float) -> float:
         """How long the core may sleep before some held audio is due."""
         return max(0.0, self._next_deadline - now)
@@ -157,6 +167,7 @@ class EngineCore:
         self._now = time.monotonic()
         self._audio: list[tuple[str, np.ndarray]] = []  # this iteration's outgoing deltas
         self._ended: list[m.Finished | m.Failed] = []
+        self._resamplers: dict[str, Resampler] = {}  # requests whose output rate is not the model's
 
     # OutputSink
 
@@ -175,11 +186,31 @@ class EngineCore:
     def _send_outputs(self) -> None:
         if not self._audio and not self._ended:
             return
+        if self._resamplers:
+            self._resample()
         header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
         self._push(frames)
         self._audio = []
         self._ended = []
+
+    def _resample(self) -> None:
+        """This iteration's deltas at their requests' output rates; a finished request's resampler tail goes last."""
+        audio = []
+        for request_id, pcm in self._audio:
+            if (resampler := self._resamplers.get(request_id)) is not None:
+                pcm = resampler.process(pcm)
+                if not resampler.produced:
+                    # soxr holds back its first ~1000 input samples: the request's next audio is its first
+                    # packet again, sent at once rather than paced.
+                    self.pacer.restart(request_id)
+            if len(pcm):
+                audio.append((request_id, pcm))
+        for end in self._ended:
+            resampler = self._resamplers.pop(end.request_id, None)
+            if resampler is not None and isinstance(end, m.Finished) and len(tail := resampler.flush()):
+                audio.append((end.request_id, tail))
+        self._audio = audio
 
     # loop
 
@@ -236,7 +267,7 @@ class EngineCore:
             match message:
                 case m.AddRequest(request=request):
                     try:
-                        self.runner.add(request)
+                        self._add_request(request)
                     except RequestError as error:
                         self.failed(request.request_id, error)
                 case m.FeedText(request_id=request_id, text=text):
@@ -246,6 +277,7 @@ class EngineCore:
                 case m.Cancel(request_id=request_id):
                     self.runner.release(request_id)
                     self.pacer.drop(request_id)
+                    self._resamplers.pop(request_id, None)
                 case m.AddVoice():
                     self._add_voice(message)
                 case m.RemoveVoice(name=name):
@@ -253,6 +285,19 @@ class EngineCore:
                         remove(name)
                 case m.Shutdown():
                     return False
+
+    def _add_request(self, request: SpeechRequest) -> None:
+        info = self.runner.info
+        rate = request.sample_rate
+        if rate is not None and not 1000 <= rate <= 384000:
+            raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
+        if rate is not None and rate != info.sample_rate:
+            self._resamplers[request.request_id] = Resampler(info.sample_rate, rate)
+        try:
+            self.runner.add(request)
+        except RequestError:
+            self._resamplers.pop(request.request_id, None)
+            raise
 
     def _add_voice(self, message: m.AddVoice) -> None:
         add = getattr(self.runner, "add_voice", None)

@@ -32,3 +32,6 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     ref_text: str | None = None
     sampling: SamplingParams = SamplingParams()
     initial_codec_chunk_frames: int | None = None
+    # Rate of the audio the request yields; None: the model's. The engine core resamples, so the event
+    # loop does not (the one stateful resampler per request keeps chunk boundaries seamless).
+    sample_rate: int | None = None

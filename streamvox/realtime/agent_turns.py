@@ -14,13 +14,13 @@ and closes the thinker's stream, which aborts its LLM request.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pybase64
 
 from streamvox.agent.asr import TranscriberError
 from streamvox.agent.thinker import ThinkerError
@@ -161,7 +161,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
         if data:
             if "first_audio" not in timings:
                 timings["first_audio"] = _ms(t0)
-            await s.send(delta_name, **ids, delta=base64.b64encode(data).decode())
+            await s.send(delta_name, **ids, delta=pybase64.b64encode_as_string(data))
             audio_bytes += len(data)
             s.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
 

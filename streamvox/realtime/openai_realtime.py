@@ -36,6 +36,7 @@ import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+import pybase64
 from starlette.websockets import WebSocket
 
 from streamvox.codecs.audio_io import Resampler
@@ -653,7 +654,7 @@ class RealtimeSession:
             nonlocal audio_bytes, spoken
             if not data:
                 return
-            await self.send(delta_name, **ids, delta=base64.b64encode(data).decode())
+            await self.send(delta_name, **ids, delta=pybase64.b64encode_as_string(data))
             audio_bytes += len(data)
             if r.in_conversation:
                 self.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import msgspec
 import numpy as np
+import pybase64
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamvox.codecs.audio_io import (
     CONTENT_TYPES,
-    Resampler,
     encode_audio,
     encoded_sample_rate,
     streaming_wav_header,
@@ -91,18 +90,21 @@ async def parse_body(engine: AsyncEngine, body: object) -> SpeechParams:
     return parse_speech(body, engine.info, request_id)
 
 
+def _engine_request(params: SpeechParams):
+    """The request with its output rate: the engine core resamples (off the event loop)."""
+    return msgspec.structs.replace(params.request, sample_rate=params.sample_rate)
+
+
 async def synthesize(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> tuple[np.ndarray, Done]:
     """Run a request to the end; the whole clip at the output rate."""
-    resampler = Resampler(engine.info.sample_rate, params.sample_rate)
     parts = []
-    async with aclosing(engine.submit(params.request)) as events:
+    async with aclosing(engine.submit(_engine_request(params))) as events:
         async for event in events:
             match event:
                 case AudioChunk(pcm=pcm):
-                    parts.append(resampler.process(pcm))
+                    parts.append(pcm)
                     stats.audio(len(pcm))
                 case Done() as done:
-                    parts.append(resampler.flush())
                     return np.concatenate(parts) if parts else np.zeros(0, np.float32), done
                 case EngineError() as error:
                     raise error_from_engine(error)
@@ -124,7 +126,7 @@ async def speech(request: Request) -> Response:
             pcm, _ = await synthesize(app.engine, params, stats)
             rate = encoded_sample_rate(params.sample_rate, params.response_format)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
-            stats.end("ok", app.engine.info.sample_rate)
+            stats.end("ok", params.sample_rate)
             return Response(data, media_type=CONTENT_TYPES[params.response_format],
                             headers={"x-sample-rate": str(rate)})
         return await stream_speech(app.engine, params, stats)
@@ -135,22 +137,20 @@ async def speech(request: Request) -> Response:
 
 async def stream_speech(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> Response:
     """Start the request, wait for its first event (so request errors are still a 400), then stream."""
-    events = engine.submit(params.request)
+    events = engine.submit(_engine_request(params))
     first = await anext(events)
     if isinstance(first, EngineError):
         await events.aclose()
         raise error_from_engine(first)
-    resampler = Resampler(engine.info.sample_rate, params.sample_rate)
     body = _sse_body if params.mode == "sse" else _audio_body
     media_type = "text/event-stream" if params.mode == "sse" else CONTENT_TYPES[params.response_format]
     headers = {"x-sample-rate": str(params.sample_rate), "cache-control": "no-cache"}
-    return StreamingResponse(body(first, events, resampler, params, stats, engine.info.sample_rate),
-                             media_type=media_type, headers=headers)
+    return StreamingResponse(body(first, events, params, stats), media_type=media_type, headers=headers)
 
 
-async def _pcm_deltas(first, events: AsyncIterator, resampler: Resampler, stats: SpeechStats,
-                      model_rate: int) -> AsyncIterator[bytes | Done | EngineError]:
-    """PCM16 deltas at the output rate, then the final `Done` or `EngineError`."""
+async def _pcm_deltas(first, events: AsyncIterator, stats: SpeechStats,
+                      rate: int) -> AsyncIterator[bytes | Done | EngineError]:
+    """PCM16 deltas (the engine yields them at the output rate), then the final `Done` or `EngineError`."""
     status = "cancelled"
     try:
         event = first
@@ -158,11 +158,9 @@ async def _pcm_deltas(first, events: AsyncIterator, resampler: Resampler, stats:
             match event:
                 case AudioChunk(pcm=pcm):
                     stats.audio(len(pcm))
-                    if data := to_pcm16(resampler.process(pcm)):
+                    if data := to_pcm16(pcm):
                         yield data
                 case Done():
-                    if data := to_pcm16(resampler.flush()):
-                        yield data
                     status = "ok"
                     yield event
                     return
@@ -173,13 +171,13 @@ async def _pcm_deltas(first, events: AsyncIterator, resampler: Resampler, stats:
             event = await anext(events)
     finally:
         await events.aclose()
-        stats.end(status, model_rate)
+        stats.end(status, rate)
 
 
-async def _audio_body(first, events, resampler, params: SpeechParams, stats, model_rate) -> AsyncIterator[bytes]:
+async def _audio_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
     if params.response_format == "wav":
         yield streaming_wav_header(params.sample_rate)
-    async with aclosing(_pcm_deltas(first, events, resampler, stats, model_rate)) as deltas:
+    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
         async for item in deltas:
             if isinstance(item, bytes):
                 yield item
@@ -192,11 +190,11 @@ def _sse(payload: dict) -> bytes:
 
 def _sse_audio_delta(pcm16: bytes) -> bytes:
     """`_sse({"type": "speech.audio.delta", "audio": base64})`, byte for byte, without a JSON pass over the audio."""
-    return b'data: {"type":"speech.audio.delta","audio":"' + base64.b64encode(pcm16) + b'"}\n\n'
+    return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(pcm16) + b'"}\n\n'
 
 
-async def _sse_body(first, events, resampler, params: SpeechParams, stats, model_rate) -> AsyncIterator[bytes]:
-    async with aclosing(_pcm_deltas(first, events, resampler, stats, model_rate)) as deltas:
+async def _sse_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
+    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
         async for item in deltas:
             match item:
                 case bytes():
@@ -230,10 +228,10 @@ async def speech_batch(request: Request) -> Response:
                 raise APIError(400, "Batch items cannot stream.", "stream_format")
             pcm, done = await synthesize(app.engine, params, stats)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
-            stats.end("ok", app.engine.info.sample_rate)
+            stats.end("ok", params.sample_rate)
             return {"index": index, "status": "succeeded", "response_format": params.response_format,
                     "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format),
-                    "audio": base64.b64encode(data).decode(),
+                    "audio": pybase64.b64encode_as_string(data),
                     "usage": {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
                               "total_tokens": done.input_tokens + done.output_tokens}}
         except APIError as error:
