@@ -406,8 +406,9 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
         assert names.index("input_audio_buffer.speech_started") < names.index("input_audio_buffer.speech_stopped") \
             < names.index("input_audio_buffer.committed") < names.index("response.created")
         assert "conversation.item.input_audio_transcription.completed" in names
-        assert names.count("input_audio_buffer.speech_started") == 2  # the user's turn, then the barge-in
         done = events[-1]["response"]
+        assert names.count("input_audio_buffer.speech_started") == 2, (  # the user's turn, then the barge-in
+            names, {k: done.get(k) for k in ("status", "status_details", "streamvox", "output")})
         assert done["status"] == "cancelled"
         assert done["status_details"]["reason"] == "turn_detected"
         thinker = done["streamvox"]["thinker"]
