@@ -758,9 +758,9 @@ class Qwen3TTSRunner:
             host, event, reqs = self._pending_tok
             if event is not None:
                 self._wait(event, sink)
-            ids_prev = host.tolist() if host is not None else []
-            for slot, req in reqs.items():
-                if ids_prev and ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
+            ids_prev = host.tolist() if host is not None else []  # none: end-of-speech is ignored
+            for slot, req in reqs.items() if ids_prev else ():
+                if ids_prev[slot] == eos and req.finish_reason is None and req.slot == slot:
                     req.finish_reason = "stop"
                     req.token = None
             self._pending_tok = None
@@ -880,8 +880,8 @@ class Qwen3TTSRunner:
         self._inflight.append((event, host, spans))
 
     def _poll(self, sink: OutputSink, block: bool) -> None:
-        """Send the audio of every finished decoder call, oldest first (`block`: wait a little for the
-        oldest if none has finished; never long, so the engine keeps admitting new requests while a long
+        """Send the audio of every finished decoder call, oldest first (`block`: if none has finished,
+        wait a little for one; never long, so the engine keeps admitting new requests while a long
         decoder call runs). Calls finish out of order only across streams: a first chunk on the AR stream
         may overtake older calls on the decoder stream. A call waits while an older one of the same request
         does, so each request's audio goes out in order."""
