@@ -52,6 +52,7 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
 
     os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
     os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode == "graph" else "0"
+    os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
     os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
     out: dict[str, list] = {}
@@ -84,7 +85,8 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
     res = {}
-    modes = ["runner-eager", "stepper-eager"] + (["graph"] if device == "cuda" else [])
+    # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels
+    modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
         for n_req in (1, 16):
@@ -161,8 +163,10 @@ def micro(model_dir: str) -> dict:
     cache = _SlotCache(tc.num_hidden_layers, 65, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)  # 64 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    for graphs in (True, False) if os.environ.get("MICRO_EAGER", "0") == "1" else (True,):
-        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
+    variants = [(True, True), (True, False)] + ([(False, True)] if os.environ.get("MICRO_EAGER", "0") == "1" else [])
+    for graphs, kernels in variants:  # (CUDA graphs, Triton decode kernels)
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
+        name = ("graph" if graphs else "eager") + ("" if kernels else "_torch")
         for b in (1, 4, 16, 64):
             st.active[:b] = True
             st.pos[:b] = 150
@@ -173,13 +177,12 @@ def micro(model_dir: str) -> dict:
             if graphs:
                 st.step(b, width)  # capture
             ms = _time_cuda(lambda st=st, b=b, width=width: st.step(b, width), iters=30 if graphs else 5, warm=2)
-            key = f"step_{'graph' if graphs else 'eager'}_b{b}_ms"
-            out[key] = ms
+            out[f"step_{name}_b{b}_ms"] = ms
             out[f"step_bound_b{b}_ms"] = bound_ms
-            log(f"# frame step {'graph' if graphs else 'eager'} B={b} width={width}: {ms:.3f} ms "
+            log(f"# frame step {name} B={b} width={width}: {ms:.3f} ms "
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
-        if graphs:
+        if graphs and kernels:
             # batched prefill (the fast path's, a CUDA graph per bucket): b prompts of 60 positions in one
             # forward, vs one at a time (eager)
             for b in (1, 4, 16, 64):
@@ -203,6 +206,8 @@ def micro(model_dir: str) -> dict:
     del model, cache
     torch.cuda.empty_cache()
 
+    if os.environ.get("MICRO_DECODER", "all") == "none":
+        return out
     # codec decoder
     st_dir = os.path.join(model_dir, "speech_tokenizer")
     wav = {}

@@ -70,7 +70,7 @@ def _post_attn(x, attn, w_o, w_ln2, w_gu, w_down, eps: float, inter: int):
 class _FusedStack:
     """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs)."""
 
-    def __init__(self, stack, fns) -> None:
+    def __init__(self, stack, fns, kernels=None) -> None:
         self.layers = []
         for layer in stack.layers:
             a, m = layer.self_attn, layer.mlp
@@ -90,6 +90,9 @@ class _FusedStack:
         self.gqa = self.nh != self.nkv
         self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
         self.pre, self.post, self.rms = fns
+        self.kernels = kernels  # the decode_kernels module, or None
+        # RoPE angle pos * inv_freq: with one position stream (speech), multimodal RoPE is plain RoPE
+        self.inv_freq = stack.rotary.inv_freq.float()
 
     def layer(self, i: int, x, cos, sin, attend):
         """One layer; `attend(i, q, k, v) -> attention output [B, heads, L, hd]` owns the cache."""
@@ -97,6 +100,19 @@ class _FusedStack:
         q, k, v = self.pre(x, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, self.eps, self.nh, self.nkv,
                            self.hd)
         return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
+
+    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None):
+        """One layer over one position per row, `x` `[M, H]`, in six Triton launches (decode_kernels):
+        row m's key/value goes to `[slot[m], :, pos[m]]` of this layer's cache `[slots, kv_heads, L, hd]`
+        and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
+        in place of `decode_attention` if given)."""
+        p, dk = self.layers[i], self.kernels
+        qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
+        q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                                  self.nkv, self.eps)
+        a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
+        x = dk.linear(a, p["w_o"], residual=x)
+        return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
 
 
 def _compiled_fns(enabled: bool):
@@ -153,7 +169,7 @@ class FrameStepper:
     """Per-slot device state and the greedy frame step (see module docstring)."""
 
     def __init__(self, model, cache, suppress: torch.Tensor, eos: int, min_new_tokens: int,
-                 use_graphs: bool | None = None) -> None:
+                 use_graphs: bool | None = None, use_kernels: bool | None = None) -> None:
         self.model = model
         self.talker = model.talker
         self.cache = cache
@@ -173,8 +189,13 @@ class FrameStepper:
         compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
         use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
         fns = _compiled_fns(use_compile)
-        self.tstack = _FusedStack(self.talker.model, fns)
-        self.pstack = _FusedStack(self.talker.code_predictor.model, fns)
+        kernels = _decode_kernels(dev) if use_kernels is None or use_kernels else None
+        if use_kernels and kernels is None:
+            raise RuntimeError("decode kernels need CUDA and triton")
+        self.kernels = kernels is not None
+        self.tstack = _FusedStack(self.talker.model, fns, kernels)
+        self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
+        self._row_index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         pc = self.talker.code_predictor.cfg
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
@@ -371,8 +392,11 @@ class FrameStepper:
         start = 0
         for j in range(self.groups - 1):
             n = x.shape[1]
-            tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n], self.psin[:, start:start + n],
-                             start, cp.lm_head[j].weight, n > 1)
+            if self.kernels:
+                tok = self._pred_pass_rows(x, start, cp.lm_head[j].weight)
+            else:
+                tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
+                                      self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
             codes.append(tok)
             start += n
             if j + 1 < self.groups - 1:
@@ -382,9 +406,22 @@ class FrameStepper:
         # talker: one position per row
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
+        ts = self.tstack
         ar_w = torch.arange(width, device=self.device)
         mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
-        ts = self.tstack
+        if self.kernels:
+            h = x
+            for i in range(len(ts.layers)):
+                kc, vc = self.cache.k[i], self.cache.v[i]
+
+                def attend(q, kc=kc, vc=vc):
+                    o = F.scaled_dot_product_attention(q[:, :, None], kc[:rows, :, :width], vc[:rows, :, :width],
+                                                       attn_mask=mask, enable_gqa=ts.gqa)
+                    return o.reshape(rows, -1)
+
+                h = ts.layer_rows(i, h, self.ar[s], p, kc, vc, attend)
+            self._commit(ts.rms(h, ts.norm_w, ts.norm_eps), s, active, first, hidden)
+            return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
 
         def attend_t(i, q, k, v):
@@ -397,9 +434,12 @@ class FrameStepper:
         h = x[:, None]
         for i in range(len(ts.layers)):
             h = ts.layer(i, h, cos, sin, attend_t)
-        h = ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0]
-        logits = talker.codec_head(h).float()
-        tok = self._choose(logits, s)
+        self._commit(ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0], s, active, first, hidden)
+
+    def _commit(self, h: torch.Tensor, s: slice, active: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor):
+        """From the talker's final hidden states `h` `[rows, H]`: choose the next codebook-0 ids and
+        advance the active rows (inactive rows keep `first` and `hidden`)."""
+        tok = self._choose(self.talker.codec_head(h).float(), s)
         self.token[s] = torch.where(active, tok, first)
         self.hidden[s] = torch.where(active[:, None], h, hidden)
         self._record(tok, s, active)
@@ -424,17 +464,34 @@ class FrameStepper:
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
         return F.linear(h, w_head).float().argmax(-1)
 
+    def _pred_pass_rows(self, x: torch.Tensor, start: int, w_head: torch.Tensor) -> torch.Tensor:
+        """`_pred_pass` with the Triton layers: each (request, position) of `x` `[rows, n, H_talker]` is a
+        row whose cache slot is its request's."""
+        ps, dk = self.pstack, self.pstack.kernels
+        rows, n = x.shape[0], x.shape[1]
+        key = (rows, n, start)
+        if key not in self._row_index:  # filled by the eager warm-up before a capture
+            self._row_index[key] = (torch.arange(rows, device=self.device).repeat_interleave(n),
+                                    torch.arange(start, start + n, device=self.device).repeat(rows))
+        slot, pos = self._row_index[key]
+        h = self.talker.code_predictor.small_to_mtp_projection(x.reshape(rows * n, -1))
+        for i in range(len(ps.layers)):
+            h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i])
+        last = h.view(rows, n, -1)[:, -1]
+        return dk.linear(last, w_head, norm=ps.norm_w, eps=ps.norm_eps).float().argmax(-1)
+
     @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:
         """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`)."""
         if not self.use_graphs:
             self._forward(rows, width)
             return
-        key = (rows, width)
-        graph = self.graphs.get(key)
+        graph = self.graphs.get((rows, width))
         if graph is None:
             graph = self._capture(rows, width)
         graph.replay()
+
+
 
     def _capture(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
         # Warm up and capture on a copy of the state, so the captured step does not advance anything.
@@ -443,8 +500,10 @@ class FrameStepper:
         self.active.zero_()  # inactive rows commit nothing (only their KV position gets a write)
         try:
             self._forward(rows, width)
-        except Exception:  # a torch.compile failure: continue without torch.compile
-            log.exception("compiled frame step failed; continuing without torch.compile")
+        except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
+            log.exception("fused frame step failed; continuing with plain torch layers")
+            self.kernels = False
+            self.tstack.kernels = self.pstack.kernels = None
             fns = _compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns
@@ -474,6 +533,20 @@ class FrameStepper:
                 if rows * width <= PREFILL_MAX_TOKENS and (rows, width) not in self.prefill_graphs:
                     self._capture_prefill(rows, width)
         torch.cuda.synchronize()
+
+
+def _decode_kernels(device: torch.device):
+    """The Triton decode-layer kernels (`decode_kernels`) where they can run: by default on CUDA with
+    triton installed; env STREAMVOX_QWEN3_KERNELS=0 never, =1 on any device (on the CPU under
+    TRITON_INTERPRET=1, which is how CI tests them). Else None (the compiled torch layer halves)."""
+    env = os.environ.get("STREAMVOX_QWEN3_KERNELS", "auto")
+    if env == "0" or (env == "auto" and device.type != "cuda"):
+        return None
+    try:
+        from streamvox.models.qwen3_tts import decode_kernels
+    except ImportError:
+        return None
+    return decode_kernels
 
 
 def sdpa_gqa_supported() -> bool:

@@ -1,0 +1,153 @@
+"""Time the Triton decode kernels (streamvox/models/qwen3_tts/decode_kernels.py) at the 1.7B talker's and
+code predictor's shapes, over a grid of launch configurations, against the torch ops they replace.
+
+    python benchmarks/tune_decode_kernels.py [--rows 1 16 64 128] [--json-out F]
+
+Each timing is the median of CUDA-graph replays of 20 back-to-back launches (launch cost as in the
+frame step's graph), divided by 20. Prints, per shape and row count, the best configuration, its time,
+the weight-read bound at the measured copy bandwidth (weights under the
+50 MB L2 stay cached across the 20 launches, so the smaller ones can beat it), and the torch time (cuBLAS GEMM plus the
+unfused norm / SwiGLU / residual ops). GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from streamvox.models.qwen3_tts import decode_kernels as dk
+
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
+# (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072
+SHAPES = [
+    ("talker.qkv", 2048, 4096, "norm"), ("talker.o", 2048, 2048, "residual"),
+    ("talker.gate_up", 2048, 12288, "swiglu"), ("talker.down", 6144, 2048, "residual"),
+    ("talker.codec_head", 2048, 3072, ""),
+    ("pred.qkv", 1024, 4096, "norm"), ("pred.o", 2048, 1024, "residual"),
+    ("pred.gate_up", 1024, 6144, "swiglu"), ("pred.down", 3072, 1024, "residual"), ("pred.head", 1024, 2048, "norm"),
+]
+CONFIGS = list(itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 5)))  # BN, BK, warps, stages
+REPEAT = 20
+
+
+def per_launch_ms(fn) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPEAT):
+            fn()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / REPEAT)
+    return sorted(times)[len(times) // 2]
+
+
+def torch_op(x, w, nw, fusion, res):
+    if fusion == "norm":
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * nw
+        return F.linear(h, w)
+    if fusion == "swiglu":
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * nw
+        g, u = F.linear(h, w).chunk(2, dim=-1)
+        return F.silu(g) * u
+    if fusion == "residual":
+        return res + F.linear(x, w)
+    return F.linear(x, w)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 128])
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    buf = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev)
+    copy_ms = per_launch_ms(partial(buf[1024**3:].copy_, buf[:1024**3]))
+    tbps = 2 * 1024**3 / (copy_ms / 1e3) / 1e12  # bytes read + written per second
+    del buf
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; copy {tbps:.2f} TB/s (read+write)")
+    print(f"# command: {' '.join(sys.argv)}")
+    results = {"gpu": torch.cuda.get_device_name(), "copy_TBps": tbps, "linear": [], "attention": []}
+    default_config = dk._linear_config
+    for (name, k, n, fusion), m in itertools.product(SHAPES, args.rows):
+        w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k**0.5
+        xm = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+        nw = torch.rand(k, dtype=torch.bfloat16, device=dev) + 0.5
+        n_out = n // 2 if fusion == "swiglu" else n
+        res = torch.randn(m, n_out, dtype=torch.bfloat16, device=dev)
+        kw = dict(norm=nw if fusion in ("norm", "swiglu") else None, eps=1e-6, swiglu=fusion == "swiglu",
+                  residual=res if fusion == "residual" else None)
+        ref = torch_op(xm, w, nw, fusion, res).float()
+        got = dk.linear(xm, w, **kw).float()
+        err = float((got - ref).norm() / ref.norm())
+        t_torch = per_launch_ms(partial(torch_op, xm, w, nw, fusion, res))
+        ours = partial(dk.linear, xm, w, **kw)
+        t_default = per_launch_ms(ours)
+        best = (float("inf"), None)
+        bm = default_config(m, n_out, k)[0]
+        for bn, bk, warps, stages in CONFIGS:
+            dk._linear_config = lambda *_a, c=(bm, bn, bk, warps, stages): c
+            try:
+                t = per_launch_ms(ours)
+            except Exception as e:  # out of shared memory / registers for this config
+                print(f"#   {name} m={m} {bn, bk, warps, stages}: {type(e).__name__}")
+                continue
+            finally:
+                dk._linear_config = default_config
+            best = min(best, (t, (bm, bn, bk, warps, stages)), key=lambda b: b[0])
+        bound = (n * k * 2 + m * k * 2) / (tbps * 1e12) * 1e3  # weight and input read once
+        row = dict(name=name, m=m, n=n, k=k, best_ms=best[0], best_config=best[1], default_ms=t_default,
+                   torch_ms=t_torch, bound_ms=bound, rel_err=err)
+        results["linear"].append(row)
+        print(f"{name:18s} m={m:4d}: best {best[0] * 1e3:6.1f} us {best[1]}, default {t_default * 1e3:6.1f} us, "
+              f"torch {t_torch * 1e3:6.1f} us, bound {bound * 1e3:5.1f} us, rel err {err:.1e}", flush=True)
+    # attention: predictor (17 positions, 16/8 heads) and talker contexts
+    for (ctx, m), bl, warps in itertools.product([(17, 1), (17, 128), (200, 1), (200, 64), (1000, 1), (1000, 64)],
+                                                 (16, 32, 64), (1, 2, 4)):
+        heads, kvh, hd = HEADS, KV_HEADS, HEAD_DIM
+        kc = torch.randn(m, kvh, 1024, hd, dtype=torch.bfloat16, device=dev)
+        vc = torch.randn_like(kc)
+        q = torch.randn(m, heads, hd, dtype=torch.bfloat16, device=dev)
+        slot = torch.arange(m, device=dev)
+        pos = torch.full((m,), ctx - 1, device=dev)
+
+        def run(bl=bl, warps=warps, q=q, kc=kc, vc=vc, slot=slot, pos=pos, m=m):
+            out = torch.empty(m, HEADS * HEAD_DIM, dtype=q.dtype, device=dev)
+            dk._decode_attention_kernel[(m, KV_HEADS)](
+                q, kc, vc, slot, pos, out, kc.stride(0), kc.stride(1), kc.stride(2), HEAD_DIM**-0.5, NH=HEADS,
+                REP=HEADS // KV_HEADS, HD=HEAD_DIM, BD=HEAD_DIM, BL=bl, num_warps=warps)
+            return out
+
+        t = per_launch_ms(run)
+        qs = q[:, :, None]
+        sdpa = partial(F.scaled_dot_product_attention, qs, kc[:, :, :ctx], vc[:, :, :ctx], enable_gqa=True)
+        t_sdpa = per_launch_ms(sdpa)
+        ref = sdpa()
+        err = float((run().float() - ref.reshape(m, -1).float()).norm() / ref.float().norm())
+        results["attention"].append(dict(ctx=ctx, m=m, bl=bl, warps=warps, ms=t, sdpa_ms=t_sdpa, rel_err=err))
+        print(f"attention ctx={ctx:5d} m={m:4d} BL={bl:3d} warps={warps}: {t * 1e3:6.1f} us "
+              f"(sdpa {t_sdpa * 1e3:6.1f} us), rel err {err:.1e}", flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Triton kernels for one decode position per row: a decoder layer in six launches.
+
+The frame step runs 103 decoder layers per frame (28 talker + 15 code-predictor passes of 5), one
+position per row, so its cost is the number and latency of its kernels, not its bytes. Here a layer is
+
+1. `linear(x, W_qkv, norm=input_layernorm)`: RMSNorm fused into the q/k/v projection;
+2. `qk_norm_rope_store`: q/k head norms, RoPE from the positions, keys/values written to the cache;
+3. `decode_attention`: each row's query heads over its cache slot, keys `[0, pos]`;
+4. `linear(attn, W_o, residual=x)`;
+5. `linear(x, W_gate_up, norm=post_attention_layernorm, swiglu=True)`;
+6. `linear(mlp, W_down, residual=x)`.
+
+Rows are tokens: row `m` writes its key/value at `pos[m]` of cache slot `slot[m]` and attends to
+positions `[0, pos[m]]` of that slot, so the code predictor's first pass (two positions per request) is
+two rows with the same slot. Arithmetic is float32 inside each kernel with the input dtype at its
+boundaries; `tests` and `benchmarks/gpu_bench.py --check` compare it with the torch layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["decode_attention", "linear", "qk_norm_rope_store"]
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, stride_x, stride_w, stride_r,
+                   stride_o, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                   IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    dt = x_ptr.dtype.element_ty
+    if NORM:
+        sq = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + rk
+            xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            sq += tl.sum(xk * xk, axis=1)
+        inv = 1.0 / tl.sqrt(sq / K + eps)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        k_ok = kk < K
+        xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if NORM:
+            # as RMSNorm: normalise in float32, round, then scale by the weight
+            wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xk = ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
+        wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:
+            acc += tl.dot(xk, tl.trans(wt), input_precision="ieee")
+        else:
+            acc += tl.dot(xk, tl.trans(wt))
+        if SWIGLU:
+            wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+            if IEEE:
+                acc2 += tl.dot(xk, tl.trans(wu), input_precision="ieee")
+            else:
+                acc2 += tl.dot(xk, tl.trans(wu))
+    out = acc
+    if SWIGLU:
+        g = acc.to(dt).to(tl.float32)
+        out = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc2.to(dt).to(tl.float32)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if RESIDUAL:
+        out = out.to(dt).to(tl.float32) + tl.load(res_ptr + rm[:, None] * stride_r + rn[None, :], mask=mask,
+                                                  other=0.0).to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], out.to(dt), mask=mask)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _linear_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages), from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B
+    shapes: column blocks sized so that about 64-128 programs share the weight read; wider blocks once
+    the rows need two row blocks (each row block reads the weight again)."""
+    bm = min(max(_pow2(m), 16), 64)
+    bn = 16 if n <= 2048 else 32 if n <= 4096 else 64
+    if m > 64:
+        bn = min(2 * bn, 64)
+    if bn == 64:
+        return bm, bn, 128, 8, 5 if bm == 16 else 3
+    return bm, bn, 128 if bn == 16 else 256, 4, 3
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0,
+           swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`x [M, K] @ w[N, K].T` with optional fusions: `norm` (RMSNorm weight `[K]`) applied to x first;
+    `swiglu` (w is gate rows then up rows: returns `silu(gate) * up`, `[M, N/2]`); `residual` `[M, N]`
+    added to the output."""
+    m, k = x.shape
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    assert x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == k
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps, stages = _linear_config(m, n, k)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    res = residual if residual is not None else out
+    _linear_kernel[grid](x, w, norm if norm is not None else w, res, out, m, n, k, n, x.stride(0), w.stride(0),
+                         res.stride(0), out.stride(0), eps, NORM=norm is not None, SWIGLU=swiglu,
+                         RESIDUAL=residual is not None, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
+                         num_warps=warps, num_stages=stages)
+    return out
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr,
+                               stride_qkv, stride_cs, stride_ch, stride_cl, eps, NH: tl.constexpr,
+                               NKV: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr):
+    m = tl.program_id(0)
+    h = tl.program_id(1)  # query heads, then key heads, then value heads
+    half: tl.constexpr = HD // 2
+    r = tl.arange(0, BH)  # BH: half rounded up to a power of two
+    ok = r < half
+    dt = qkv_ptr.dtype.element_ty
+    src = qkv_ptr + m * stride_qkv + h * HD
+    x1 = tl.load(src + r, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half + r, mask=ok, other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + m)
+    pos = tl.load(pos_ptr + m)
+    cache_off = slot * stride_cs + pos * stride_cl
+    if h < NH + NKV:
+        if h < NH:
+            w1 = tl.load(qn_ptr + r, mask=ok, other=0.0).to(tl.float32)
+            w2 = tl.load(qn_ptr + half + r, mask=ok, other=0.0).to(tl.float32)
+        else:
+            w1 = tl.load(kn_ptr + r, mask=ok, other=0.0).to(tl.float32)
+            w2 = tl.load(kn_ptr + half + r, mask=ok, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
+        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        f = pos.to(tl.float32) * tl.load(inv_freq_ptr + r, mask=ok, other=0.0)
+        c = tl.cos(f).to(dt).to(tl.float32)
+        s = tl.sin(f).to(dt).to(tl.float32)
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        if h < NH:
+            dst = q_ptr + (m * NH + h) * HD
+        else:
+            dst = k_ptr + cache_off + (h - NH) * stride_ch
+        tl.store(dst + r, o1.to(dt), mask=ok)
+        tl.store(dst + half + r, o2.to(dt), mask=ok)
+    else:
+        dst = v_ptr + cache_off + (h - NH - NKV) * stride_ch
+        tl.store(dst + r, x1.to(dt), mask=ok)
+        tl.store(dst + half + r, x2.to(dt), mask=ok)
+
+
+def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+                       heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+    """qkv `[M, (heads + 2 kv_heads) * hd]` -> normalised, rotated queries `[M, heads, hd]`; the keys
+    (normalised, rotated) and values go to `k_cache`/`v_cache` `[slots, kv_heads, L, hd]` at
+    `[slot[m], :, pos[m]]`. RoPE angle: `pos * inv_freq` (float32, as `modeling.Rope`)."""
+    m = qkv.shape[0]
+    hd = k_cache.shape[-1]
+    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    q = torch.empty(m, heads, hd, dtype=qkv.dtype, device=qkv.device)
+    _qk_norm_rope_store_kernel[(m, heads + 2 * kv_heads)](
+        qkv, q_norm, k_norm, inv_freq, q, k_cache, v_cache, slot, pos, qkv.stride(0), k_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), eps, NH=heads, NKV=kv_heads, HD=hd, BH=_pow2(hd // 2),
+        num_warps=1)
+    return q
+
+
+@triton.jit
+def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, stride_cs, stride_ch, stride_cl,
+                             scale, NH: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
+                             BL: tl.constexpr):
+    m = tl.program_id(0)
+    g = tl.program_id(1)  # key/value head; query heads g*REP .. g*REP+REP-1 share it
+    rr = tl.arange(0, REP)
+    rd = tl.arange(0, BD)  # BD: HD rounded up to a power of two
+    d_ok = rd < HD
+    dt = q_ptr.dtype.element_ty
+    heads = g * REP + rr
+    q = tl.load(q_ptr + (m * NH + heads)[:, None] * HD + rd[None, :], mask=d_ok[None, :],
+                other=0.0).to(tl.float32) * scale
+    slot = tl.load(slot_ptr + m)
+    n = tl.load(pos_ptr + m) + 1
+    base = slot * stride_cs + g * stride_ch
+    best = tl.full([REP], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([REP], dtype=tl.float32)
+    acc = tl.zeros([REP, BD], dtype=tl.float32)
+    for start in range(0, n, BL):
+        rl = start + tl.arange(0, BL)
+        ok = rl < n
+        offs = base + rl[:, None] * stride_cl + rd[None, :]
+        k = tl.load(k_ptr + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        new = tl.maximum(best, tl.max(s, axis=1))
+        alpha = tl.exp(best - new)
+        p = tl.exp(s - new[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        best = new
+    out = acc / total[:, None]
+    tl.store(out_ptr + (m * NH + heads)[:, None] * HD + rd[None, :], out.to(dt), mask=d_ok[None, :])
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor,
+                     pos: torch.Tensor) -> torch.Tensor:
+    """Queries `[M, heads, hd]` over `k_cache`/`v_cache` `[slots, kv_heads, L, hd]`: row m sees positions
+    `[0, pos[m]]` of slot `slot[m]` (grouped heads: query head h uses key head h // (heads / kv_heads)).
+    Returns `[M, heads * hd]`. One program walks a row's keys serially: for the code predictor's short
+    contexts (at most 17 positions); the talker's long ones go to SDPA (3x faster at 200 positions)."""
+    m, heads, hd = q.shape
+    kv_heads = k_cache.shape[1]
+    assert q.is_contiguous() and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    out = torch.empty(m, heads * hd, dtype=q.dtype, device=q.device)
+    _decode_attention_kernel[(m, kv_heads)](
+        q, k_cache, v_cache, slot, pos, out, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
+        NH=heads, REP=heads // kv_heads, HD=hd, BD=_pow2(hd), BL=16, num_warps=1)
+    return out
