@@ -101,16 +101,21 @@ class _FusedStack:
                            self.hd)
         return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
 
-    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None):
+    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None, one_per_slot: bool = False):
         """One layer over one position per row, `x` `[M, H]`, in six Triton launches (decode_kernels):
         row m's key/value goes to `[slot[m], :, pos[m]]` of this layer's cache `[slots, kv_heads, L, hd]`
         and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
-        in place of `decode_attention` if given)."""
+        in place of `decode_attention` if given). `one_per_slot` (no two rows share a slot): five launches,
+        the cache write and the attention in one."""
         p, dk = self.layers[i], self.kernels
         qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
-        q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                  self.nkv, self.eps)
-        a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
+        if one_per_slot:
+            a = dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                               self.eps)
+        else:
+            q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos,
+                                      self.nh, self.nkv, self.eps)
+            a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
         x = dk.linear(a, p["w_o"], residual=x)
         return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
 
@@ -151,6 +156,9 @@ WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
 PREFILL_MAX_LEN = 512
 PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
+# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B: 10% faster at 1-16
+# rows; at 64 rows cuBLAS GEMMs in the compiled torch layers were as fast)
+KERNEL_MAX_ROWS = 16
 
 
 def row_bucket(n: int, max_rows: int) -> int:
@@ -189,9 +197,12 @@ class FrameStepper:
         compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
         use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
         fns = _compiled_fns(use_compile)
-        kernels = _decode_kernels(dev) if use_kernels is None or use_kernels else None
-        if use_kernels and kernels is None:
-            raise RuntimeError("decode kernels need CUDA and triton")
+        if use_kernels is None:
+            kernels = _decode_kernels(dev)
+        elif use_kernels:  # on the CPU: under TRITON_INTERPRET=1 (tests)
+            from streamvox.models.qwen3_tts import decode_kernels as kernels
+        else:
+            kernels = None
         self.kernels = kernels is not None
         self.tstack = _FusedStack(self.talker.model, fns, kernels)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
@@ -390,9 +401,10 @@ class FrameStepper:
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
         codes = [first]
         start = 0
+        kernels = self.kernels and rows <= KERNEL_MAX_ROWS
         for j in range(self.groups - 1):
             n = x.shape[1]
-            if self.kernels:
+            if kernels:
                 tok = self._pred_pass_rows(x, start, cp.lm_head[j].weight)
             else:
                 tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
@@ -409,7 +421,7 @@ class FrameStepper:
         ts = self.tstack
         ar_w = torch.arange(width, device=self.device)
         mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
-        if self.kernels:
+        if kernels:
             h = x
             for i in range(len(ts.layers)):
                 kc, vc = self.cache.k[i], self.cache.v[i]
@@ -476,7 +488,7 @@ class FrameStepper:
         slot, pos = self._row_index[key]
         h = self.talker.code_predictor.small_to_mtp_projection(x.reshape(rows * n, -1))
         for i in range(len(ps.layers)):
-            h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i])
+            h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i], one_per_slot=n == 1)
         last = h.view(rows, n, -1)[:, -1]
         return dk.linear(last, w_head, norm=ps.norm_w, eps=ps.norm_eps).float().argmax(-1)
 

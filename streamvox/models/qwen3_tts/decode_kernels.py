@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_attention", "linear", "qk_norm_rope_store"]
+__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rope_attend"]
 
 
 @triton.jit
@@ -103,6 +103,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     assert x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == k
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm, bn, bk, warps, stages = _linear_config(m, n, k)
+    if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
+        bk //= 2
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     res = residual if residual is not None else out
     _linear_kernel[grid](x, w, norm if norm is not None else w, res, out, m, n, k, n, x.stride(0), w.stride(0),
@@ -113,46 +115,85 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
 
 
 @triton.jit
+def _norm_rope(src, w_ptr, inv_freq_ptr, pos, eps, rows, r, ok, HD: tl.constexpr, NORM: tl.constexpr):
+    """Heads `rows` [R] at `src` (head_dim HD): RMS-normalised by weight `w_ptr` and rotated by angle
+    pos * inv_freq (NORM), or as loaded; returned as float32 halves `[R, BH]` rounded to the input dtype."""
+    half: tl.constexpr = HD // 2
+    dt = src.dtype.element_ty
+    mask = ok[None, :]
+    x1 = tl.load(src + rows[:, None] * HD + r[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + rows[:, None] * HD + half + r[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)
+        w1 = tl.load(w_ptr + r, mask=ok, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + half + r, mask=ok, other=0.0).to(tl.float32)
+        x1 = ((x1 * inv[:, None]).to(dt).to(tl.float32) * w1[None, :]).to(dt).to(tl.float32)
+        x2 = ((x2 * inv[:, None]).to(dt).to(tl.float32) * w2[None, :]).to(dt).to(tl.float32)
+        f = pos.to(tl.float32) * tl.load(inv_freq_ptr + r, mask=ok, other=0.0)
+        c = tl.cos(f).to(dt).to(tl.float32)[None, :]
+        s = tl.sin(f).to(dt).to(tl.float32)[None, :]
+        return (x1 * c - x2 * s).to(dt).to(tl.float32), (x2 * c + x1 * s).to(dt).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _store_halves(dst, rows, stride, r, ok, o1, o2, HD: tl.constexpr):
+    mask = ok[None, :]
+    tl.store(dst + rows[:, None] * stride + r[None, :], o1.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + rows[:, None] * stride + HD // 2 + r[None, :], o2.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attend(q1, q2, k_ptr, v_ptr, base, n, stride_cl, r, ok, REP: tl.constexpr, HD: tl.constexpr,
+            BH: tl.constexpr, BL: tl.constexpr):
+    """Online-softmax attention of query halves `[REP, BH]` (already scaled) over keys/values `[0, n)` at
+    `base + position * stride_cl`; returns the output halves."""
+    half: tl.constexpr = HD // 2
+    best = tl.full([REP], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([REP], dtype=tl.float32)
+    acc1 = tl.zeros([REP, BH], dtype=tl.float32)
+    acc2 = tl.zeros([REP, BH], dtype=tl.float32)
+    for start in range(0, n, BL):
+        rl = start + tl.arange(0, BL)
+        mask = (rl < n)[:, None] & ok[None, :]
+        offs = base + rl[:, None] * stride_cl + r[None, :]
+        k1 = tl.load(k_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        k2 = tl.load(k_ptr + offs + half, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sum(q1[:, None, :] * k1[None, :, :], axis=2) + tl.sum(q2[:, None, :] * k2[None, :, :], axis=2)
+        s = tl.where((rl < n)[None, :], s, float("-inf"))
+        new = tl.maximum(best, tl.max(s, axis=1))
+        alpha = tl.exp(best - new)
+        p = tl.exp(s - new[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        v1 = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v2 = tl.load(v_ptr + offs + half, mask=mask, other=0.0).to(tl.float32)
+        acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1[None, :, :], axis=1)
+        acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2[None, :, :], axis=1)
+        best = new
+    return acc1 / total[:, None], acc2 / total[:, None]
+
+
+@triton.jit
 def _qk_norm_rope_store_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr,
                                stride_qkv, stride_cs, stride_ch, stride_cl, eps, NH: tl.constexpr,
                                NKV: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr):
     m = tl.program_id(0)
     h = tl.program_id(1)  # query heads, then key heads, then value heads
-    half: tl.constexpr = HD // 2
-    r = tl.arange(0, BH)  # BH: half rounded up to a power of two
-    ok = r < half
-    dt = qkv_ptr.dtype.element_ty
+    r = tl.arange(0, BH)  # BH: HD / 2 rounded up to a power of two
+    ok = r < HD // 2
+    one = tl.arange(0, 1)
     src = qkv_ptr + m * stride_qkv + h * HD
-    x1 = tl.load(src + r, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(src + half + r, mask=ok, other=0.0).to(tl.float32)
-    slot = tl.load(slot_ptr + m)
     pos = tl.load(pos_ptr + m)
-    cache_off = slot * stride_cs + pos * stride_cl
-    if h < NH + NKV:
-        if h < NH:
-            w1 = tl.load(qn_ptr + r, mask=ok, other=0.0).to(tl.float32)
-            w2 = tl.load(qn_ptr + half + r, mask=ok, other=0.0).to(tl.float32)
-        else:
-            w1 = tl.load(kn_ptr + r, mask=ok, other=0.0).to(tl.float32)
-            w2 = tl.load(kn_ptr + half + r, mask=ok, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
-        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-        f = pos.to(tl.float32) * tl.load(inv_freq_ptr + r, mask=ok, other=0.0)
-        c = tl.cos(f).to(dt).to(tl.float32)
-        s = tl.sin(f).to(dt).to(tl.float32)
-        o1 = x1 * c - x2 * s
-        o2 = x2 * c + x1 * s
-        if h < NH:
-            dst = q_ptr + (m * NH + h) * HD
-        else:
-            dst = k_ptr + cache_off + (h - NH) * stride_ch
-        tl.store(dst + r, o1.to(dt), mask=ok)
-        tl.store(dst + half + r, o2.to(dt), mask=ok)
+    cache_off = tl.load(slot_ptr + m) * stride_cs + pos * stride_cl
+    if h < NH:
+        o1, o2 = _norm_rope(src, qn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
+        _store_halves(q_ptr + (m * NH + h) * HD, one, 0, r, ok, o1, o2, HD)
+    elif h < NH + NKV:
+        o1, o2 = _norm_rope(src, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
+        _store_halves(k_ptr + cache_off + (h - NH) * stride_ch, one, 0, r, ok, o1, o2, HD)
     else:
-        dst = v_ptr + cache_off + (h - NH - NKV) * stride_ch
-        tl.store(dst + r, x1.to(dt), mask=ok)
-        tl.store(dst + half + r, x2.to(dt), mask=ok)
+        o1, o2 = _norm_rope(src, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
+        _store_halves(v_ptr + cache_off + (h - NH - NKV) * stride_ch, one, 0, r, ok, o1, o2, HD)
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
@@ -167,46 +208,64 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
     q = torch.empty(m, heads, hd, dtype=qkv.dtype, device=qkv.device)
     _qk_norm_rope_store_kernel[(m, heads + 2 * kv_heads)](
         qkv, q_norm, k_norm, inv_freq, q, k_cache, v_cache, slot, pos, qkv.stride(0), k_cache.stride(0),
-        k_cache.stride(1), k_cache.stride(2), eps, NH=heads, NKV=kv_heads, HD=hd, BH=_pow2(hd // 2),
-        num_warps=1)
+        k_cache.stride(1), k_cache.stride(2), eps, NH=heads, NKV=kv_heads, HD=hd, BH=_pow2(hd // 2), num_warps=1)
     return q
 
 
 @triton.jit
+def _rope_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr,
+                        stride_qkv, stride_cs, stride_ch, stride_cl, eps, scale, NH: tl.constexpr,
+                        NKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr,
+                        BL: tl.constexpr):
+    m = tl.program_id(0)
+    g = tl.program_id(1)  # key/value head; query heads g*REP .. g*REP+REP-1 share it
+    r = tl.arange(0, BH)
+    ok = r < HD // 2
+    one = tl.arange(0, 1)
+    heads = g * REP + tl.arange(0, REP)
+    src = qkv_ptr + m * stride_qkv
+    pos = tl.load(pos_ptr + m)
+    base = tl.load(slot_ptr + m) * stride_cs + g * stride_ch
+    k1, k2 = _norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
+    _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
+    v1, v2 = _norm_rope(src + (NH + NKV + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
+    _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
+    tl.debug_barrier()  # the key/value just stored is read back below by other threads of this program
+    q1, q2 = _norm_rope(src, qn_ptr, inv_freq_ptr, pos, eps, heads, r, ok, HD, True)
+    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, pos + 1, stride_cl, r, ok, REP, HD, BH, BL)
+    _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
+
+
+def rope_attend(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, heads: int,
+                eps: float) -> torch.Tensor:
+    """`qk_norm_rope_store` then `decode_attention` in one launch, for rows whose slots all differ (one
+    new position per cache slot: a program writes its row's key/value and reads them back)."""
+    m = qkv.shape[0]
+    kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
+    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    out = torch.empty(m, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    _rope_attend_kernel[(m, kv_heads)](
+        qkv, q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, out, qkv.stride(0), k_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), eps, hd**-0.5, NH=heads, NKV=kv_heads, REP=heads // kv_heads, HD=hd,
+        BH=_pow2(hd // 2), BL=16, num_warps=1)
+    return out
+
+
+@triton.jit
 def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, stride_cs, stride_ch, stride_cl,
-                             scale, NH: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
+                             scale, NH: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr,
                              BL: tl.constexpr):
     m = tl.program_id(0)
     g = tl.program_id(1)  # key/value head; query heads g*REP .. g*REP+REP-1 share it
-    rr = tl.arange(0, REP)
-    rd = tl.arange(0, BD)  # BD: HD rounded up to a power of two
-    d_ok = rd < HD
-    dt = q_ptr.dtype.element_ty
-    heads = g * REP + rr
-    q = tl.load(q_ptr + (m * NH + heads)[:, None] * HD + rd[None, :], mask=d_ok[None, :],
-                other=0.0).to(tl.float32) * scale
-    slot = tl.load(slot_ptr + m)
+    r = tl.arange(0, BH)
+    ok = r < HD // 2
+    heads = g * REP + tl.arange(0, REP)
+    q1, q2 = _norm_rope(q_ptr + m * NH * HD, q_ptr, q_ptr, 0, 0.0, heads, r, ok, HD, False)
+    base = tl.load(slot_ptr + m) * stride_cs + g * stride_ch
     n = tl.load(pos_ptr + m) + 1
-    base = slot * stride_cs + g * stride_ch
-    best = tl.full([REP], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([REP], dtype=tl.float32)
-    acc = tl.zeros([REP, BD], dtype=tl.float32)
-    for start in range(0, n, BL):
-        rl = start + tl.arange(0, BL)
-        ok = rl < n
-        offs = base + rl[:, None] * stride_cl + rd[None, :]
-        k = tl.load(k_ptr + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        s = tl.where(ok[None, :], s, float("-inf"))
-        new = tl.maximum(best, tl.max(s, axis=1))
-        alpha = tl.exp(best - new)
-        p = tl.exp(s - new[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        best = new
-    out = acc / total[:, None]
-    tl.store(out_ptr + (m * NH + heads)[:, None] * HD + rd[None, :], out.to(dt), mask=d_ok[None, :])
+    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, REP, HD, BH, BL)
+    _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor,
@@ -221,5 +280,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty(m, heads * hd, dtype=q.dtype, device=q.device)
     _decode_attention_kernel[(m, kv_heads)](
         q, k_cache, v_cache, slot, pos, out, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
-        NH=heads, REP=heads // kv_heads, HD=hd, BD=_pow2(hd), BL=16, num_warps=1)
+        NH=heads, REP=heads // kv_heads, HD=hd, BH=_pow2(hd // 2), BL=16, num_warps=1)
     return out

@@ -1,0 +1,120 @@
+"""The Triton decode kernels under Triton's CPU interpreter, against the torch code they replace.
+
+Run by test_qwen3_decode_kernels.py in a subprocess: TRITON_INTERPRET must be set before the kernels
+are defined, and must not leak into the rest of the suite. Float32 throughout (the interpreter does not
+do bfloat16 arithmetic); exits non-zero on the first mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ["STREAMVOX_QWEN3_COMPILE"] = "0"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
+
+from streamvox.models.qwen3_tts import decode_kernels as dk  # noqa: E402
+from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper  # noqa: E402
+from streamvox.models.qwen3_tts.layers import apply_rope, rope_inv_freq  # noqa: E402
+from streamvox.models.qwen3_tts.model import Qwen3TTSModel  # noqa: E402
+from streamvox.models.qwen3_tts.runner import _SlotCache  # noqa: E402
+
+EPS = 1e-6
+
+
+def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
+
+
+def close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = 1e-5) -> None:
+    err = float((got - want).abs().max())
+    print(f"{name}: max abs error {err:.2e}")
+    assert err < tol, f"{name}: max abs error {err} >= {tol}"
+
+
+def linear_cases() -> None:
+    for m, k, n in ((1, 96, 80), (3, 100, 48), (20, 64, 130)):
+        x, w = torch.randn(m, k), torch.randn(n, k) / 10
+        nw, res = torch.rand(k) + 0.5, torch.randn(m, n)
+        close(f"linear m={m}", dk.linear(x, w), x @ w.T)
+        close(f"linear+norm+residual m={m}", dk.linear(x, w, norm=nw, eps=EPS, residual=res), rms(x, nw) @ w.T + res)
+        if n % 2 == 0:
+            g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
+            close(f"linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
+
+
+def attention_cases() -> None:
+    heads, kv_heads, hd, slots, length = 4, 2, 12, 3, 10  # head_dim not a power of two, as the tiny predictor
+    qn, kn = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
+    inv_freq = rope_inv_freq(hd, 10000.0)
+    for slot, pos, fused in (([0, 2, 2, 1], [3, 0, 1, 7], False), ([2, 0, 1], [5, 0, 9], True)):
+        slot, pos = torch.tensor(slot), torch.tensor(pos)
+        m = len(slot)
+        qkv = torch.randn(m, (heads + 2 * kv_heads) * hd)
+        kc, vc = torch.randn(slots, kv_heads, length, hd), torch.randn(slots, kv_heads, length, hd)
+        want_k, want_v = kc.clone(), vc.clone()
+        q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+        f = pos.float()[:, None] * inv_freq
+        emb = torch.cat([f, f], dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [m, 1, hd]
+        q = apply_rope(rms(q.view(m, heads, hd), qn)[:, :, None], cos, sin)[:, :, 0]
+        k = apply_rope(rms(k.view(m, kv_heads, hd), kn)[:, :, None], cos, sin)[:, :, 0]
+        for i in range(m):
+            want_k[slot[i], :, pos[i]] = k[i]
+            want_v[slot[i], :, pos[i]] = v.view(m, kv_heads, hd)[i]
+        want = torch.stack([
+            F.scaled_dot_product_attention(q[i][:, None], want_k[slot[i], :, : pos[i] + 1],
+                                           want_v[slot[i], :, : pos[i] + 1], enable_gqa=True)[:, 0].reshape(-1)
+            for i in range(m)])
+        if fused:
+            out = dk.rope_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS)
+        else:
+            got_q = dk.qk_norm_rope_store(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, kv_heads, EPS)
+            close("q norm + rope", got_q, q)
+            out = dk.decode_attention(got_q, kc, vc, slot, pos)
+        name = "rope_attend" if fused else "decode_attention"
+        close(f"{name}: keys in cache", kc, want_k)
+        close(f"{name}: values in cache", vc, want_v)
+        close(name, out, want)
+
+
+def frame_step_case(ckpt: str) -> None:
+    """Four rows (one inactive, prompts of different lengths): the frame step's codes with the kernels
+    equal those of its torch layers, its hidden states within float32 rounding."""
+    model = Qwen3TTSModel.from_pretrained(ckpt)
+    tc = model.cfg.talker
+    results = []
+    for kernels in (False, True):
+        torch.manual_seed(0)
+        cache = _SlotCache(tc.num_hidden_layers, 5, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
+                           model.device)
+        st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                          use_graphs=False, use_kernels=kernels)
+        assert st.kernels == kernels
+        prompts = torch.randn(3, 7, tc.hidden_size)
+        for i in range(3):
+            st.reset_slot(i, 1.1)
+        st.prefill_batch([0, 1, 2], [prompts[0], prompts[1, :5], prompts[2, :3]])
+        frames = []
+        for k in range(2):
+            st.set_inputs([True, k == 0, True, False], [3, 4, 5, 6], 4)
+            st.step(4, 64)
+            frames.append(st.frames[:4].clone())
+        results.append((torch.stack(frames), st.hidden[:4].clone(), st.pos[:4].clone()))
+    (f0, h0, p0), (f1, h1, p1) = results
+    assert torch.equal(f0, f1), f"codes differ:\n{f0}\n{f1}"
+    assert torch.equal(p0, p1)
+    close("frame step hidden states", h1, h0, 1e-4)
+    print("frame step: codes identical")
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    linear_cases()
+    attention_cases()
+    frame_step_case(str(build_tiny_checkpoint(sys.argv[1], "custom_voice")))
+    print("ok")
