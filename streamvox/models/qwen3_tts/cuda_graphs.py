@@ -490,7 +490,7 @@ class FrameStepper:
         for i in range(len(ps.layers)):
             h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i], one_per_slot=n == 1)
         last = h.view(rows, n, -1)[:, -1]
-        return dk.linear(last, w_head, norm=ps.norm_w, eps=ps.norm_eps).argmax(-1)  # exact in any float dtype
+        return dk.linear(last, w_head, norm=ps.norm_w, eps=ps.norm_eps).float().argmax(-1)
 
     @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:

@@ -35,7 +35,14 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, st
     m_ok = rm < M
     n_ok = rn < N
     dt = x_ptr.dtype.element_ty
-    sq = tl.zeros([BM], dtype=tl.float32)
+    if NORM:
+        sq = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + rk
+            xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            sq += tl.sum(xk * xk, axis=1)
+        inv = 1.0 / tl.sqrt(sq / K + eps)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc2 = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -43,11 +50,9 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, st
         k_ok = kk < K
         xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
-            # RMSNorm is a per-row scale: weight the inputs here, divide by the RMS after the loop (no
-            # separate pass over x for the sum of squares)
-            xf = xk.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
-            xk = (xf * tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
+            # as RMSNorm: normalise in float32, round, then scale by the weight
+            wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xk = ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
         wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
             acc += tl.dot(xk, tl.trans(wt), input_precision="ieee")
@@ -60,10 +65,6 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, st
                 acc2 += tl.dot(xk, tl.trans(wu), input_precision="ieee")
             else:
                 acc2 += tl.dot(xk, tl.trans(wu))
-    if NORM:
-        inv = 1.0 / tl.sqrt(sq / K + eps)
-        acc = acc * inv[:, None]
-        acc2 = acc2 * inv[:, None]
     out = acc
     if SWIGLU:
         g = acc.to(dt).to(tl.float32)
