@@ -18,11 +18,12 @@ position, which a real step later overwrites. All inputs live in persistent buff
 eagerly (that is how CI tests this path). The step never synchronises with the host: the runner reads
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
-Each decoder layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
-weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled
-with `torch.compile` on CUDA (dynamic batch) to cut the kernel count, which, not bytes, bounds this
-step: the 15 sequential predictor passes are most of it. The concatenated weights are copies (about
-the talker's layer weights again in memory).
+The launch count, not bytes, bounds this step: the 15 sequential predictor passes are most of it. A
+step of at most KERNEL_MAX_ROWS rows runs each layer as five or six Triton launches (`decode_kernels`,
+`_FusedStack.layer_rows`; the talker's attention stays SDPA). Larger steps, and prefill, run each layer
+as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated weights, q/k norms, RoPE;
+`_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with `torch.compile` on CUDA
+(dynamic batch). The concatenated weights are copies (about the talker's layer weights again in memory).
 """
 
 from __future__ import annotations
