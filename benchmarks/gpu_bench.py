@@ -1,11 +1,13 @@
 """GPU benchmark for the two-stage Qwen3-TTS pipeline: correctness, step timings, serving, reference.
 
 Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_checkpoint.py):
-  --check      CUDA-graph replay vs eager greedy codes on the same inputs (float32 must be identical;
-               bfloat16 reported), and the fast path vs the original eager runner path;
-  --micro      per-step device time of the frame step (graph vs eager) per batch bucket, prefill, the
-               codec decoder per chunk (float32 / bfloat16, and bf16's error against fp32), measured copy
-               bandwidth, and the memory-bandwidth bound of each;
+  --check      greedy codes of the same requests through: the CUDA graphs, the same stepper eagerly, the
+               stepper with its torch layers instead of the Triton decode kernels, and the original
+               eager runner path (float32 and bfloat16 reported);
+  --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels and
+               with the torch layers (MICRO_EAGER=1 adds eager), prefill, the codec decoder per chunk
+               (float32 / bfloat16, bf16's error against fp32; MICRO_DECODER=none skips it), measured
+               copy bandwidth, and the memory-bandwidth bound of each;
   --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
                STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
