@@ -393,10 +393,11 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
     """The user talks over the reply (from its first audio delta): the reply is cancelled, both stages
     free its state, and the interruption becomes the next turn.
 
-    Known race, not understood: in about 30% of rounds on a 2-core CPU machine (vLLM thinker and ASR on
-    the same cores) the reply, 205 tokens of the random thinker, was generated to its end 0.7-1.3 s after
-    its first audio without the interruption's speech_started; in the other rounds the server cancelled
-    within 10 ms of the first audio. Such a round completes normally and is tried again on a new
+    Known race, not understood: on a 2-core CPU machine (vLLM thinker and ASR on the same cores) a reply
+    (205 tokens of the random thinker, where it was logged) was sometimes generated to its end, 0.7-1.3 s
+    after its first audio, without the interruption's speech_started: 2 of 17 runs alone, and about 30%
+    of rounds with the engine core resampling the Realtime audio (tried, reverted). Otherwise the server
+    cancels within ~10 ms of the first audio. Such a round completes normally and is tried again on a new
     connection: at most BARGE_IN_ATTEMPTS rounds, and one must be interrupted."""
     first = silence(0.3) + speech_pcm(vllm_agent, "Tell me a long story, please.") + silence(0.8)
     interruption = speech_pcm(vllm_agent, "Stop, stop.")

@@ -25,6 +25,7 @@ import pybase64
 from streamvox.agent.asr import TranscriberError
 from streamvox.agent.thinker import ThinkerError
 from streamvox.agent.vad import EnergyVad, VadSettings
+from streamvox.codecs.audio_io import Resampler
 from streamvox.codecs.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.engine.async_engine import SLOW_CONSUMER, AudioChunk, Done, EngineError
 from streamvox.engine.request import SpeechRequest
@@ -148,6 +149,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
     timings["inputs_ready"] = _ms(t0)  # pending transcriptions of the turn are done
     n_in = sum(s.responder.thinker.count_tokens(m["content"]) for m in messages)
     fmt = r.output_format
+    resampler = Resampler(s.info.sample_rate, fmt.rate)
     stats = SpeechStats(s.metrics, "realtime")
     delta_name = event_name(s.dialect, "audio.delta")
     spoken: list[str] = []
@@ -165,7 +167,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
 
     if r.cancel_reason is None:
         request = SpeechRequest(request_id=r.request_id, text="", text_complete=False, voice=r.voice,
-                                speed=r.speed, sample_rate=fmt.rate)  # the engine core resamples
+                                speed=r.speed)
         events = s.engine.submit(request)
         first = asyncio.ensure_future(events.__anext__())
         await asyncio.sleep(0)  # the submit generator registers the request before any text is fed
@@ -177,7 +179,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
                     case AudioChunk(pcm=pcm):
                         chunks += 1
                         stats.audio(len(pcm))
-                        await send_audio(fmt.encode(pcm))
+                        await send_audio(fmt.encode(resampler.process(pcm)))
                         if s.sender.stalled:
                             status, details = "failed", failure_details(SLOW_CONSUMER)
                             break
@@ -185,6 +187,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
                     case Done(reason="cancelled"):
                         break
                     case Done() as done:
+                        await send_audio(fmt.encode(resampler.flush()))
                         status = "completed" if done.reason == "stop" else "incomplete"
                         if status == "incomplete":
                             details = {"type": "incomplete", "reason": "max_output_tokens"}
@@ -205,7 +208,7 @@ async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[s
     if status == "cancelled":
         details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
     timings["done"] = _ms(t0)
-    stats.end("ok" if status == "completed" else status, fmt.rate)
+    stats.end("ok" if status == "completed" else status, s.info.sample_rate)
     return status, details, _usage(n_in, len(spoken), chunks), "".join(spoken).strip()
 
 

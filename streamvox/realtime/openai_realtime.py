@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import pybase64
 from starlette.websockets import WebSocket
 
+from streamvox.codecs.audio_io import Resampler
 from streamvox.engine.async_engine import SLOW_CONSUMER, AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.engine.request import SpeechRequest
 from streamvox.realtime import agent_turns
@@ -642,6 +643,7 @@ class RealtimeSession:
     async def _stream_audio(self, r: Response, ids: dict) -> tuple[str, dict | None, dict, str]:
         """Speak `r.text`, sending deltas until done, failed or cancelled."""
         fmt = r.output_format
+        resampler = Resampler(self.info.sample_rate, fmt.rate)
         stats = SpeechStats(self.metrics, "realtime")
         delta_name = event_name(self.dialect, "audio.delta")
         chunks, audio_bytes, spoken = 0, 0, ""
@@ -661,9 +663,7 @@ class RealtimeSession:
                 await self.send(event_name(self.dialect, "transcript.delta"), **ids, delta=r.text)
 
         if r.cancel_reason is None:
-            # the engine core resamples to the output format's rate, off the event loop
-            request = SpeechRequest(request_id=r.request_id, text=r.text, voice=r.voice, speed=r.speed,
-                                    sample_rate=fmt.rate)
+            request = SpeechRequest(request_id=r.request_id, text=r.text, voice=r.voice, speed=r.speed)
             async with aclosing(self.engine.submit(request)) as events:
                 async for event in events:
                     if r.cancel_reason is not None:
@@ -672,7 +672,7 @@ class RealtimeSession:
                         case AudioChunk(pcm=pcm):
                             chunks += 1
                             stats.audio(len(pcm))
-                            await send_audio(fmt.encode(pcm))
+                            await send_audio(fmt.encode(resampler.process(pcm)))
                             if self.sender.stalled:
                                 status, details = "failed", agent_turns.failure_details(SLOW_CONSUMER)
                                 break
@@ -682,6 +682,7 @@ class RealtimeSession:
                         case Done(reason="cancelled"):
                             break
                         case Done() as done:
+                            await send_audio(fmt.encode(resampler.flush()))
                             n_in, n_out = done.input_tokens, done.output_tokens
                             status = "completed" if done.reason == "stop" else "incomplete"
                             if status == "incomplete":
@@ -694,7 +695,7 @@ class RealtimeSession:
         if status == "cancelled":
             details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
             n_out = chunks
-        stats.end("ok" if status == "completed" else status, fmt.rate)
+        stats.end("ok" if status == "completed" else status, self.info.sample_rate)
         return status, details, _usage(n_in, n_out), spoken
 
 

@@ -4,8 +4,8 @@ Client JSON text frames: `session.config`, `input.text`, `input.done`,
 `input.cancel`, `session.close`. Server: `audio.start`, binary frames of s16le
 mono PCM deltas, `audio.done`, `error`. The first `input.text` after an
 utterance's `input.done` (or `input.cancel`) opens the next utterance;
-utterances are spoken one after another, each with its own engine request
-(or one per sentence) and byte count; the engine core resamples to the session's rate. Every utterance gets exactly one `audio.start` and
+utterances are spoken one after another, each with its own engine request,
+resampler and byte count. Every utterance gets exactly one `audio.start` and
 one `audio.done` (`reason`: `stop`, `length`, `cancelled` or `error`), in order.
 
 Text reaches the model as it arrives (`engine.feed_text`) when the model
@@ -44,7 +44,7 @@ import msgspec
 import numpy as np
 from starlette.websockets import WebSocket
 
-from streamvox.codecs.audio_io import to_pcm16
+from streamvox.codecs.audio_io import Resampler, to_pcm16
 from streamvox.engine.async_engine import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.models.base import ModelInfo
 from streamvox.realtime.errors import APIError
@@ -298,6 +298,7 @@ class SpeechStreamSession:
         params = u.config.params
         await self.sender.json({"type": "audio.start", "utterance_index": u.index, "format": "pcm",
                                 "sample_rate": params.sample_rate, "channels": 1})
+        resampler = Resampler(self.info.sample_rate, params.sample_rate)
         stats = SpeechStats(self.metrics, "speech_stream")
         total = 0
 
@@ -311,9 +312,8 @@ class SpeechStreamSession:
             """One engine request; -> "stop" | "length" | "cancelled" | "error"."""
             if u.cancelled:
                 return "cancelled"
-            # the engine core resamples each request to the stream's rate, off the event loop
             request = msgspec.structs.replace(params.request, request_id=new_request_id("stream"),
-                                              text=text, text_complete=complete, sample_rate=params.sample_rate)
+                                              text=text, text_complete=complete)
             u.request_id = request.request_id  # from here on input.text is fed straight to the engine
             async with aclosing(self.engine.submit(request)) as events:
                 async for event in events:
@@ -322,7 +322,7 @@ class SpeechStreamSession:
                     match event:
                         case AudioChunk(pcm=pcm):
                             stats.audio(len(pcm))
-                            await send_pcm(pcm)
+                            await send_pcm(resampler.process(pcm))
                             await asyncio.sleep(0)  # let the loop read client messages (input.cancel) between deltas
                         case Done(reason=reason):
                             return reason
@@ -351,9 +351,11 @@ class SpeechStreamSession:
                         break
                 if u.cancelled:
                     reason = "cancelled"
+            if reason in ("stop", "length"):
+                await send_pcm(resampler.flush())
         finally:  # also when the session's teardown cancels this task
             reason = "error" if self.sender.stalled else reason
-            stats.end("ok" if reason in ("stop", "length") else reason, params.sample_rate)
+            stats.end("ok" if reason in ("stop", "length") else reason, self.info.sample_rate)
         await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": total,
                                 "reason": reason})
 
