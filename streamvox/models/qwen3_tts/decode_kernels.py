@@ -1,4 +1,4 @@
-"""Triton kernels for one decode position per row: a decoder layer in six launches.
+"""Triton kernels for one decode position per row: a decoder layer in five or six launches.
 
 The frame step runs 103 decoder layers per frame (28 talker + 15 code-predictor passes of 5), one
 position per row, so its cost is the number and latency of its kernels, not its bytes. Here a layer is
@@ -9,6 +9,10 @@ position per row, so its cost is the number and latency of its kernels, not its 
 4. `linear(attn, W_o, residual=x)`;
 5. `linear(x, W_gate_up, norm=post_attention_layernorm, swiglu=True)`;
 6. `linear(mlp, W_down, residual=x)`.
+
+`rope_attend` does 2 and 3 in one launch when no two rows share a cache slot (the code predictor's
+single-position passes). The talker attends with SDPA instead of 3 (`cuda_graphs._FusedStack.layer_rows`):
+`decode_attention` walks a row's keys in one program, which suits the predictor's <= 17 positions only.
 
 Rows are tokens: row `m` writes its key/value at `pos[m]` of cache slot `slot[m]` and attends to
 positions `[0, pos[m]]` of that slot, so the code predictor's first pass (two positions per request) is
