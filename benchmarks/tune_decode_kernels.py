@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from streamvox.models.qwen3_tts import decode_kernels as dk
+from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
 # (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072
@@ -37,15 +38,7 @@ REPEAT = 20
 
 
 def per_launch_ms(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPEAT):
-            fn()
+    graph, _ = capture_graph(lambda: [fn() for _ in range(REPEAT)], None)
     times = []
     for _ in range(7):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

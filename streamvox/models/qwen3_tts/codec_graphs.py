@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from streamvox.models.qwen3_tts.code2wav import Code2Wav, DecodeStep
-from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
+from streamvox.models.qwen3_tts.cuda_graphs import capture_graph, copy_from_host
 
 log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -192,9 +192,7 @@ class GraphedDecoder:
         pad = rows - n
         meta = torch.tensor([lens + [1] * pad, [s.frames for s in states] + [0] * pad,
                              [s.slot for s in states] + [ln.scratch] * pad], dtype=torch.long)
-        if self.device.type == "cuda":
-            meta = meta.pin_memory()
-        ln.meta[:, :rows].copy_(meta, non_blocking=True)
+        copy_from_host(ln.meta[:, :rows], meta)
         if self.use_graphs:
             ln.graphs[key].replay()
             wav = ln.outputs[key]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from importlib.util import find_spec
 from typing import Any, TypeVar
 
 import torch
@@ -136,6 +137,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
+    """Copy a host tensor into device buffer `dst` without a host sync (pinned staging on CUDA)."""
+    dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+
+
 def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
     capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
@@ -198,13 +204,7 @@ class FrameStepper:
         compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
         use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
         fns = _compiled_fns(use_compile)
-        if use_kernels is None:
-            kernels = _decode_kernels(dev)
-        elif use_kernels:  # on the CPU: under TRITON_INTERPRET=1 (tests)
-            from streamvox.models.qwen3_tts import decode_kernels as kernels
-        else:
-            kernels = None
-        self.kernels = kernels is not None
+        kernels = _decode_kernels(dev, use_kernels)
         self.tstack = _FusedStack(self.talker.model, fns, kernels)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
         self._row_index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -242,6 +242,11 @@ class FrameStepper:
         self.pf_meta = torch.zeros(2, self.prefill_rows[-1], dtype=torch.long, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None  # shared by all its graphs
         self._pinned: torch.Tensor | None = None
+
+    @property
+    def kernels(self) -> bool:
+        """Whether frame steps of at most KERNEL_MAX_ROWS rows run the Triton decode kernels."""
+        return self.tstack.kernels is not None
 
     # ------------------------------------------------------------------ host-side helpers (no sync)
 
@@ -322,9 +327,7 @@ class FrameStepper:
         pad = rows - b
         meta = torch.tensor([list(slots) + [self.scratch] * pad, [x - 1 for x in lens] + [0] * pad],
                             dtype=torch.long)
-        if self.device.type == "cuda":
-            meta = meta.pin_memory()
-        self.pf_meta[:, :rows].copy_(meta, non_blocking=True)
+        copy_from_host(self.pf_meta[:, :rows], meta)
         if graph is not None:
             graph.replay()
         else:
@@ -423,7 +426,7 @@ class FrameStepper:
         ar_w = torch.arange(width, device=self.device)
         mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
         if kernels:
-            h = x
+            h, slot = x, self.ar[s]
             for i in range(len(ts.layers)):
                 kc, vc = self.cache.k[i], self.cache.v[i]
 
@@ -432,7 +435,7 @@ class FrameStepper:
                                                        attn_mask=mask, enable_gqa=ts.gqa)
                     return o.reshape(rows, -1)
 
-                h = ts.layer_rows(i, h, self.ar[s], p, kc, vc, attend)
+                h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
             self._commit(ts.rms(h, ts.norm_w, ts.norm_eps), s, active, first, hidden)
             return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
@@ -504,8 +507,6 @@ class FrameStepper:
             graph = self._capture(rows, width)
         graph.replay()
 
-
-
     def _capture(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
         # Warm up and capture on a copy of the state, so the captured step does not advance anything.
         saved = [t.clone() for t in (self.hidden, self.token, self.pos, self.count, self.seen)]
@@ -515,7 +516,6 @@ class FrameStepper:
             self._forward(rows, width)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.kernels = False
             self.tstack.kernels = self.pstack.kernels = None
             fns = _compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
@@ -548,17 +548,16 @@ class FrameStepper:
         torch.cuda.synchronize()
 
 
-def _decode_kernels(device: torch.device):
-    """The Triton decode-layer kernels (`decode_kernels`) where they can run: by default on CUDA with
-    triton installed; env STREAMVOX_QWEN3_KERNELS=0 never, =1 on any device (on the CPU under
-    TRITON_INTERPRET=1, which is how CI tests them). Else None (the compiled torch layer halves)."""
-    env = os.environ.get("STREAMVOX_QWEN3_KERNELS", "auto")
-    if env == "0" or (env == "auto" and device.type != "cuda"):
+def _decode_kernels(device: torch.device, use: bool | None):
+    """The Triton decode-layer kernels (`decode_kernels`), or None (the compiled torch layer halves).
+    `use` True: always (on the CPU under TRITON_INTERPRET=1, which is how CI tests them); False: never;
+    None: env STREAMVOX_QWEN3_KERNELS=0 never, =1 always, by default on CUDA; either only with triton installed."""
+    if use is None:
+        env = os.environ.get("STREAMVOX_QWEN3_KERNELS", "auto")
+        use = (env == "1" or (env == "auto" and device.type == "cuda")) and find_spec("triton") is not None
+    if not use:
         return None
-    try:
-        from streamvox.models.qwen3_tts import decode_kernels
-    except ImportError:
-        return None
+    from streamvox.models.qwen3_tts import decode_kernels
     return decode_kernels
 
 

@@ -30,6 +30,16 @@ __all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rope_attend"]
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b accumulated in float32; float32 inputs in full precision (IEEE), not TF32."""
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, stride_x, stride_w, stride_r,
                    stride_o, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
                    IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -58,17 +68,11 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, st
             wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             xk = ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
         wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if IEEE:
-            acc += tl.dot(xk, tl.trans(wt), input_precision="ieee")
-        else:
-            acc += tl.dot(xk, tl.trans(wt))
+        acc += _dot(xk, tl.trans(wt), IEEE)
         if SWIGLU:
             wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            if IEEE:
-                acc2 += tl.dot(xk, tl.trans(wu), input_precision="ieee")
-            else:
-                acc2 += tl.dot(xk, tl.trans(wu))
+            acc2 += _dot(xk, tl.trans(wu), IEEE)
     out = acc
     if SWIGLU:
         g = acc.to(dt).to(tl.float32)
