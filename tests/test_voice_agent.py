@@ -397,8 +397,9 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
     (205 tokens of the random thinker, where it was logged) was sometimes generated to its end, 0.7-1.3 s
     after its first audio, without the interruption's speech_started: 2 of 17 runs alone, and about 30%
     of rounds with the engine core resampling the Realtime audio (tried, reverted). Otherwise the server
-    cancels within ~10 ms of the first audio. Such a round completes normally and is tried again on a new
-    connection: at most BARGE_IN_ATTEMPTS rounds, and one must be interrupted."""
+    cancels within ~10 ms of the first audio. A round whose thinker finished before the barge-in was heard
+    (the reply completed, or its remaining audio was cancelled: seen once in CI) is tried again on a new
+    connection: at most BARGE_IN_ATTEMPTS rounds, and one must abort the thinker."""
     first = silence(0.3) + speech_pcm(vllm_agent, "Tell me a long story, please.") + silence(0.8)
     interruption = speech_pcm(vllm_agent, "Stop, stop.")
     for attempt in range(BARGE_IN_ATTEMPTS):
@@ -421,8 +422,9 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
                 "response.created")
             assert "conversation.item.input_audio_transcription.completed" in names
             done = events[-1]["response"]
-            if done["status"] == "completed" and names.count("input_audio_buffer.speech_started") == 1:
-                print(f"round {attempt}: the reply ended before the barge-in was heard:", done.get("streamvox"))
+            if done.get("streamvox", {}).get("thinker", {}).get("state") == "finished":
+                # the thinker ended before the barge-in was heard: this round cannot show it aborted
+                print(f"round {attempt}: the thinker ended before the barge-in was heard:", done.get("streamvox"))
                 continue
             assert names.count("input_audio_buffer.speech_started") == 2, (  # the user's turn, then the barge-in
                 names, {k: done.get(k) for k in ("status", "status_details", "streamvox", "output")})
