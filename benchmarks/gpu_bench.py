@@ -350,6 +350,24 @@ def _check_graphed_decoder(model_dir: str) -> dict:
     return {"graphed_decoder_rel_err": err}
 
 
+def _kernel_sequence(prof, title: str) -> dict:
+    """The device kernels of a profile in launch order: their summed time by name, and the sequence
+    (name, us), so a pass of the code predictor can be read kernel by kernel."""
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    seq = [(e.name[:60], round(e.time_range.elapsed_us(), 2)) for e in evs]
+    by_name: dict = {}
+    for name, us in seq:
+        n, t = by_name.get(name, (0, 0.0))
+        by_name[name] = (n + 1, t + us)
+    total = sum(us for _, us in seq)
+    log(f"# {title}: {len(seq)} kernels, {total / 1e3:.3f} ms of kernel time")
+    for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]:
+        log(f"#   {t / 1e3:7.3f} ms  {n:4d} x {t / n:6.2f} us  {name}")
+    log("#   sequence 40-100: " + " ".join(f"{name[:18]}:{us:.1f}" for name, us in seq[40:100]))
+    return {"kernels": len(seq), "kernel_ms": total / 1e3, "by_name": by_name, "sequence": seq}
+
+
 def profile(model_dir: str) -> dict:
     """Top CUDA kernels of one eager frame step (B=1) and one 60-position prefill."""
     from torch.profiler import ProfilerActivity
@@ -368,20 +386,20 @@ def profile(model_dir: str) -> dict:
     ms = _time_cuda(lambda: lin(xin), iters=20)
     log(f"# one up_proj GEMV ({tuple(lin.weight.shape)}): {ms * 1000:.1f} us "
         f"(bound {lin.weight.numel() * 2 / COPY_TBS * 1e6:.1f} us)")
-    cache = _SlotCache(tc.num_hidden_layers, 8, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
+    cache = _SlotCache(tc.num_hidden_layers, 17, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
                        model.device)
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False)
-    st.active[:1] = True
-    for _ in range(3):
-        st.step(1, 256)
-    torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        st.step(1, 256)
+    tables: dict = {}
+    for b in (1, 16):
+        st.active[:b] = True
+        for _ in range(3):
+            st.step(b, 256)
         torch.cuda.synchronize()
-    tables = {"frame_step_b1": prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
-                                                         max_name_column_width=90)}
-    log(tables["frame_step_b1"])
+        with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            st.step(b, 256)
+            torch.cuda.synchronize()
+        tables[f"frame_step_b{b}"] = _kernel_sequence(prof, f"frame step B={b} (eager, Triton kernels)")
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
     model.talker.model.run(emb, pos, _PrefillView(cache, 0))

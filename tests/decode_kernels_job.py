@@ -45,6 +45,29 @@ def linear_cases() -> None:
         if n % 2 == 0:
             g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
             close(f"linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
+        default_config = dk._linear_config
+        dk._linear_config = lambda *_a: (16, 16, 32, 4, 1, 3)  # split-K: three programs per tile
+        try:
+            want = rms(x, nw) @ w.T + res
+            for _ in range(2):  # the tile counters are back at zero for the second launch
+                close(f"split-K linear+norm+residual m={m}", dk.linear(x, w, norm=nw, eps=EPS, residual=res), want)
+                assert not dk._tile_counters(x.device).any()
+            if n % 2 == 0:
+                g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
+                close(f"split-K linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True),
+                      F.silu(g) * u)
+        finally:
+            dk._linear_config = default_config
+        bias, table = torch.randn(n), torch.randn(300, k)
+        scores = torch.randn(m, 300)
+        scores[0, 7] = scores[0, 290] = float(scores[0].max()) + 1  # a tie: the first maximum wins
+        tokens = torch.full((m, 3), -1)
+        got = dk.linear(table, w, bias=bias, select=scores, tokens=tokens[:, 1])
+        assert torch.equal(tokens[:, 1], scores.argmax(-1)) and tokens[0, 1] == 7 and (tokens[:, [0, 2]] == -1).all()
+        close(f"linear+select+bias m={m}", got, F.linear(table[scores.argmax(-1)], w, bias))
+        got = dk.linear(x.half(), w.half(), out_dtype=torch.float32)  # rounded to float16, stored as float32
+        assert got.dtype == torch.float32
+        close(f"linear float16 to float32 m={m}", got, (x.half().float() @ w.half().float().T).half().float(), 1e-2)
 
 
 def attention_cases() -> None:

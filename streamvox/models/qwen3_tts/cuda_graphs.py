@@ -18,9 +18,10 @@ position, which a real step later overwrites. All inputs live in persistent buff
 eagerly (that is how CI tests this path). The step never synchronises with the host: the runner reads
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
-The launch count, not bytes, bounds this step: the 15 sequential predictor passes are most of it. A
-step of at most KERNEL_MAX_ROWS rows runs each layer as five or six Triton launches (`decode_kernels`,
-`_FusedStack.layer_rows`; the talker's attention stays SDPA). Larger steps, and prefill, run each layer
+Hundreds of small dependent kernels, not the bytes they read, bound this step: the 15 sequential
+predictor passes are most of it. A step of at most KERNEL_MAX_ROWS rows runs each layer as five or six
+Triton launches (`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA), and
+the predictor's passes as Triton launches only (`_predict_rows`). Larger steps, and prefill, run each layer
 as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated weights, q/k norms, RoPE;
 `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with `torch.compile` on CUDA
 (dynamic batch). The concatenated weights are copies (about the talker's layer weights again in memory).
@@ -163,8 +164,8 @@ WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
 PREFILL_MAX_LEN = 512
 PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
-# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B: 10% faster at 1-16
-# rows; at 64 rows cuBLAS GEMMs in the compiled torch layers were as fast)
+# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B: 28% faster at 1-16
+# rows; with them at 64 rows too, serving 64 streams measured the same as with the torch layers)
 KERNEL_MAX_ROWS = 16
 
 
@@ -403,22 +404,23 @@ class FrameStepper:
         hidden = self.hidden[s]
         # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
-        codes = [first]
-        start = 0
         kernels = self.kernels and rows <= KERNEL_MAX_ROWS
-        for j in range(self.groups - 1):
-            n = x.shape[1]
-            if kernels:
-                tok = self._pred_pass_rows(x, start, cp.lm_head[j].weight)
-            else:
+        if kernels:
+            frames = self.frames[s]
+            self._predict_rows(x, frames)
+        else:
+            codes = [first]
+            start = 0
+            for j in range(self.groups - 1):
+                n = x.shape[1]
                 tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
                                       self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
-            codes.append(tok)
-            start += n
-            if j + 1 < self.groups - 1:
-                x = cp.model.codec_embedding[j](tok)[:, None]
-        frames = torch.stack(codes, dim=1)
-        self.frames[s] = frames
+                codes.append(tok)
+                start += n
+                if j + 1 < self.groups - 1:
+                    x = cp.model.codec_embedding[j](tok)[:, None]
+            frames = torch.stack(codes, dim=1)
+            self.frames[s] = frames
         # talker: one position per row
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
@@ -480,21 +482,40 @@ class FrameStepper:
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
         return F.linear(h, w_head).float().argmax(-1)
 
-    def _pred_pass_rows(self, x: torch.Tensor, start: int, w_head: torch.Tensor) -> torch.Tensor:
-        """`_pred_pass` with the Triton layers: each (request, position) of `x` `[rows, n, H_talker]` is a
-        row whose cache slot is its request's."""
+    def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor) -> None:
+        """`_pred_pass` x 15 with the Triton layers, from `x` `[rows, 2, H_talker]` (the talker's hidden
+        state and codebook 0's embedding) into `frames[:, 1:]` (`frames[:, 0]`: codebook 0's ids). Each
+        (request, position) is a row whose cache slot is its request's. Between passes one GEMM picks
+        the greedy id from the head's scores, looks up its embedding and projects it, so the 15 passes
+        are Triton launches only (they overlap under programmatic dependent launch)."""
         ps, dk = self.pstack, self.pstack.kernels
-        rows, n = x.shape[0], x.shape[1]
-        key = (rows, n, start)
-        if key not in self._row_index:  # filled by the eager warm-up before a capture
-            self._row_index[key] = (torch.arange(rows, device=self.device).repeat_interleave(n),
-                                    torch.arange(start, start + n, device=self.device).repeat(rows))
-        slot, pos = self._row_index[key]
-        h = self.talker.code_predictor.small_to_mtp_projection(x.reshape(rows * n, -1))
-        for i in range(len(ps.layers)):
-            h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i], one_per_slot=n == 1)
-        last = h.view(rows, n, -1)[:, -1]
-        return dk.linear(last, w_head, norm=ps.norm_w, eps=ps.norm_eps).float().argmax(-1)
+        cp = self.talker.code_predictor
+        proj = cp.small_to_mtp_projection
+        fused = isinstance(proj, torch.nn.Linear)
+        rows = x.shape[0]
+        frames[:, 0] = self.token[:rows]
+        h = x.reshape(rows * 2, -1)
+        h = dk.linear(h, proj.weight, bias=proj.bias) if fused else proj(h)
+        start, n = 0, 2
+        for j in range(self.groups - 1):
+            key = (rows, n, start)
+            if key not in self._row_index:  # filled by the eager warm-up before a capture
+                self._row_index[key] = (torch.arange(rows, device=self.device).repeat_interleave(n),
+                                        torch.arange(start, start + n, device=self.device).repeat(rows))
+            slot, pos = self._row_index[key]
+            for i in range(len(ps.layers)):
+                h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i], one_per_slot=n == 1)
+            last = h.view(rows, n, -1)[:, -1]
+            scores = dk.linear(last, cp.lm_head[j].weight, norm=ps.norm_w, eps=ps.norm_eps, out_dtype=torch.float32)
+            start, n = start + n, 1
+            if j + 1 == self.groups - 1:
+                frames[:, j + 1] = scores.argmax(-1)
+            elif fused:
+                table = cp.model.codec_embedding[j].weight
+                h = dk.linear(table, proj.weight, bias=proj.bias, select=scores, tokens=frames[:, j + 1])
+            else:
+                frames[:, j + 1] = scores.argmax(-1)
+                h = proj(cp.model.codec_embedding[j](frames[:, j + 1]))
 
     @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:

@@ -1,7 +1,8 @@
 """Triton kernels for one decode position per row: a decoder layer in five or six launches.
 
 The frame step runs 103 decoder layers per frame (28 talker + 15 code-predictor passes of 5), one
-position per row, so its cost is the number and latency of its kernels, not its bytes. Here a layer is
+position per row: ~700 dependent kernels of a few microseconds each, whose time is set by how quickly
+each one gets its weight streaming, not by the step's total bytes. Here a layer is
 
 1. `linear(x, W_qkv, norm=input_layernorm)`: RMSNorm fused into the q/k/v projection;
 2. `qk_norm_rope_store`: q/k head norms, RoPE from the positions, keys/values written to the cache;
@@ -13,6 +14,12 @@ position per row, so its cost is the number and latency of its kernels, not its 
 `rope_attend` does 2 and 3 in one launch when no two rows share a cache slot (the code predictor's
 single-position passes). The talker attends with SDPA instead of 3 (`cuda_graphs._FusedStack.layer_rows`):
 `decode_attention` walks a row's keys in one program, which suits the predictor's <= 17 positions only.
+
+A few rows read each weight once, so a GEMM is fast when enough programs keep enough bytes in flight:
+narrow outputs split the reduction over K across programs (`_linear_config`), and the last program of a
+tile adds the partial sums in a fixed order, so results do not vary from launch to launch. Between code
+predictor passes, `linear(select=...)` picks the greedy id from the head's scores and looks up its
+embedding in the GEMM that projects it.
 
 Rows are tokens: row `m` writes its key/value at `pos[m]` of cache slot `slot[m]` and attends to
 positions `[0, pos[m]]` of that slot, so the code predictor's first pass (two positions per request) is
@@ -40,29 +47,49 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, stride_x, stride_w, stride_r,
-                   stride_o, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                   IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
+                   KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_o, eps,
+                   NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr,
+                   SELECT: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     m_ok = rm < M
     n_ok = rn < N
     dt = x_ptr.dtype.element_ty
+    if SELECT:  # x is a table; row m uses its row argmax(sel[m]) (the first maximum, as torch.argmax)
+        best = tl.full([BM], float("-inf"), dtype=tl.float32)
+        xr = tl.zeros([BM], dtype=tl.int32)
+        for v0 in range(0, V, BV):
+            rv = v0 + tl.arange(0, BV)
+            sv = tl.load(sel_ptr + rm[:, None] * stride_sel + rv[None, :], mask=m_ok[:, None] & (rv < V)[None, :],
+                         other=float("-inf"))
+            top = tl.max(sv, axis=1)
+            better = top > best
+            xr = tl.where(better, tl.argmax(sv, axis=1) + v0, xr)
+            best = tl.where(better, top, best)
+        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            tl.store(tok_ptr + rm * stride_tok, xr.to(tl.int64), mask=m_ok)
+        xr = xr.to(tl.int64)
+    else:
+        xr = rm
+    inv = tl.zeros([BM], dtype=tl.float32)
     if NORM:
         sq = tl.zeros([BM], dtype=tl.float32)
         for k0 in range(0, K, BK):
             kk = k0 + rk
-            xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+            xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
                          other=0.0).to(tl.float32)
             sq += tl.sum(xk * xk, axis=1)
         inv = 1.0 / tl.sqrt(sq / K + eps)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc2 = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    k_start = tl.program_id(2) * KS  # split-K: this program's share of the reduction
+    for k0 in range(k_start, tl.minimum(k_start + KS, K), BK):
         kk = k0 + rk
         k_ok = kk < K
-        xk = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             # as RMSNorm: normalise in float32, round, then scale by the weight
             wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -73,52 +100,115 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, N, K, half_n, st
             wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
             acc2 += _dot(xk, tl.trans(wu), IEEE)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o, SWIGLU,
+                         RESIDUAL, BIAS)
+    else:
+        # Each program leaves its partial sums in part_ptr [SPLIT, 2, M, N]; the last of a tile's SPLIT
+        # programs to finish (a counter per tile) adds them in split order, so the result does not
+        # depend on which one that is, and finishes the tile.
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + tl.program_id(2) * 2 * M * N, acc, mask=mask)
+        if SWIGLU:
+            tl.store(part + (tl.program_id(2) * 2 + 1) * M * N, acc2, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        tile = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+            for i in tl.static_range(SPLIT):
+                acc += tl.load(part + i * 2 * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                if SWIGLU:
+                    acc2 += tl.load(part + (i * 2 + 1) * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(tile, 0)  # ready for the next launch
+            _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o,
+                             SWIGLU, RESIDUAL, BIAS)
+
+
+@triton.jit
+def _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o,
+                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr):
+    """Bias, SwiGLU, residual, rounding to x's dtype, store."""
+    dt = x_ptr.dtype.element_ty
     out = acc
+    if BIAS:
+        out += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if SWIGLU:
         g = acc.to(dt).to(tl.float32)
         out = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc2.to(dt).to(tl.float32)
-    mask = m_ok[:, None] & n_ok[None, :]
     if RESIDUAL:
         out = out.to(dt).to(tl.float32) + tl.load(res_ptr + rm[:, None] * stride_r + rn[None, :], mask=mask,
                                                   other=0.0).to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], out.to(dt), mask=mask)
+    tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], out.to(dt).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _linear_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, num_warps, num_stages), from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B
-    shapes: column blocks sized so that about 64-128 programs share the weight read; wider blocks once
-    the rows need two row blocks (each row block reads the weight again)."""
+def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages, split) for an `[m, k] x [k, n]` product (`n`: output columns),
+    from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B shapes, weights read from memory as in
+    the frame step. A few rows read each weight once, so what counts is keeping enough bytes in flight:
+    outputs of up to 3072 columns split K four ways (pred.down 5.8 us against 11.2 unsplit), q/k/v
+    two or four ways; the gate/up GEMMs (twice the weight rows) need no split."""
     bm = min(max(_pow2(m), 16), 64)
-    bn = 16 if n <= 2048 else 32 if n <= 4096 else 64
-    if m > 64:
-        bn = min(2 * bn, 64)
-    if bn == 64:
-        return bm, bn, 128, 8, 5 if bm == 16 else 3
-    return bm, bn, 128 if bn == 16 else 256, 4, 3
+    if swiglu:
+        return (bm, 64, 128, 8, 5 if bm == 16 else 3, 1) if n > 4096 else (bm, 32, 256, 4, 3, 1)
+    if n >= 4096:
+        return bm, 64, 128, 8, 5 if bm <= 32 else 3, 4 if k >= 2048 else 2
+    return bm, 32, 128, 4, 5 if bm <= 32 else 3, 4
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+MAX_TILES = 4096  # split-K tiles (row blocks x column blocks) of one launch
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed counters for split-K tiles, shared by every launch on the device: a launch's last program
+    per tile sets its counter back to zero, and launches on one stream do not overlap."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0,
-           swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+           swiglu: bool = False, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, select: torch.Tensor | None = None,
+           tokens: torch.Tensor | None = None) -> torch.Tensor:
     """`x [M, K] @ w[N, K].T` with optional fusions: `norm` (RMSNorm weight `[K]`) applied to x first;
-    `swiglu` (w is gate rows then up rows: returns `silu(gate) * up`, `[M, N/2]`); `residual` `[M, N]`
-    added to the output."""
-    m, k = x.shape
+    `swiglu` (w is gate rows then up rows: returns `silu(gate) * up`, `[M, N/2]`); `bias` `[N]`;
+    `residual` `[M, N]` added to the output. `out_dtype`: the result rounded to x's dtype, then stored
+    as this one. `select` (float32 scores `[M, V]`): x is a table, and row m of the product uses its row
+    `argmax(select[m])`, which also goes to `tokens` `[M]` (int64, any stride): an embedding lookup of
+    the greedy choice, fused into the GEMM that consumes it."""
+    m = select.shape[0] if select is not None else x.shape[0]
+    k = x.shape[1]
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     assert x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == k
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = _linear_config(m, n, k)
+    assert not (swiglu and bias is not None) and (select is None) == (tokens is None)
+    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    bm, bn, bk, warps, stages, split = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
         bk //= 2
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    ks = triton.cdiv(triton.cdiv(k, split), bk) * bk  # each split a whole number of BK blocks
+    split = triton.cdiv(k, ks)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    part, counters = out, out
+    if split > 1:
+        assert grid[0] * grid[1] <= MAX_TILES
+        part = torch.empty(split, 2, m, n, dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device)
     res = residual if residual is not None else out
-    _linear_kernel[grid](x, w, norm if norm is not None else w, res, out, m, n, k, n, x.stride(0), w.stride(0),
-                         res.stride(0), out.stride(0), eps, NORM=norm is not None, SWIGLU=swiglu,
-                         RESIDUAL=residual is not None, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
-                         num_warps=warps, num_stages=stages)
+    _linear_kernel[grid](
+        x, w, norm if norm is not None else w, res, bias if bias is not None else w,
+        select if select is not None else out, tokens if tokens is not None else out, out, part, counters, m, n, k,
+        ks, select.shape[1] if select is not None else 0, n, x.stride(0), w.stride(0), res.stride(0),
+        select.stride(0) if select is not None else 0, tokens.stride(0) if tokens is not None else 0, out.stride(0),
+        eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, BIAS=bias is not None,
+        SELECT=select is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256,
+        num_warps=warps, num_stages=stages)
     return out
 
 
