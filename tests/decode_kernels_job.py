@@ -107,11 +107,16 @@ def attention_cases() -> None:
 
 def frame_step_case(ckpt: str) -> None:
     """Four rows (one inactive, prompts of different lengths): the frame step's codes with the kernels
-    equal those of its torch layers, its hidden states within float32 rounding."""
+    equal those of its torch layers, its hidden states within float32 rounding; with the kernels, both
+    ways between predictor passes: the fused select GEMM (a linear projection) and the torch argmax and
+    lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped)."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
+    cp = model.talker.code_predictor
+    linear_proj = cp.small_to_mtp_projection
     results = []
-    for kernels in (False, True):
+    for kernels, wrapped in ((False, False), (True, False), (True, True)):
+        cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
         torch.manual_seed(0)
         cache = _SlotCache(tc.num_hidden_layers, 5, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
                            model.device)
@@ -128,10 +133,11 @@ def frame_step_case(ckpt: str) -> None:
             st.step(4, 64)
             frames.append(st.frames[:4].clone())
         results.append((torch.stack(frames), st.hidden[:4].clone(), st.pos[:4].clone()))
-    (f0, h0, p0), (f1, h1, p1) = results
-    assert torch.equal(f0, f1), f"codes differ:\n{f0}\n{f1}"
-    assert torch.equal(p0, p1)
-    close("frame step hidden states", h1, h0, 1e-4)
+    f0, h0, p0 = results[0]
+    for name, (f1, h1, p1) in zip(("fused select", "torch select"), results[1:], strict=True):
+        assert torch.equal(f0, f1), f"{name}: codes differ:\n{f0}\n{f1}"
+        assert torch.equal(p0, p1)
+        close(f"frame step hidden states ({name})", h1, h0, 1e-4)
     print("frame step: codes identical")
 
 
