@@ -487,7 +487,8 @@ class FrameStepper:
         state and codebook 0's embedding) into `frames[:, 1:]` (`frames[:, 0]`: codebook 0's ids). Each
         (request, position) is a row whose cache slot is its request's. Between passes one GEMM picks
         the greedy id from the head's scores, looks up its embedding and projects it, so the 15 passes
-        are Triton launches only (they overlap under programmatic dependent launch)."""
+        are Triton launches only (a projection other than a linear, as the 0.6B model's identity, takes
+        torch's argmax and lookup instead)."""
         ps, dk = self.pstack, self.pstack.kernels
         cp = self.talker.code_predictor
         proj = cp.small_to_mtp_projection
