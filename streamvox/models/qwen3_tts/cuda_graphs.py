@@ -405,22 +405,19 @@ class FrameStepper:
         # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
         kernels = self.kernels and rows <= KERNEL_MAX_ROWS
+        frames = self.frames[s]
+        frames[:, 0] = first
         if kernels:
-            frames = self.frames[s]
             self._predict_rows(x, frames)
         else:
-            codes = [first]
             start = 0
             for j in range(self.groups - 1):
                 n = x.shape[1]
-                tok = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
-                                      self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
-                codes.append(tok)
+                frames[:, j + 1] = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
+                                                   self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
                 start += n
                 if j + 1 < self.groups - 1:
-                    x = cp.model.codec_embedding[j](tok)[:, None]
-            frames = torch.stack(codes, dim=1)
-            self.frames[s] = frames
+                    x = cp.model.codec_embedding[j](frames[:, j + 1])[:, None]
         # talker: one position per row
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
@@ -484,7 +481,7 @@ class FrameStepper:
 
     def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor) -> None:
         """`_pred_pass` x 15 with the Triton layers, from `x` `[rows, 2, H_talker]` (the talker's hidden
-        state and codebook 0's embedding) into `frames[:, 1:]` (`frames[:, 0]`: codebook 0's ids). Each
+        state and codebook 0's embedding) into `frames[:, 1:]`. Each
         (request, position) is a row whose cache slot is its request's. Between passes one GEMM picks
         the greedy id from the head's scores, looks up its embedding and projects it, so the 15 passes
         are Triton launches only (a projection other than a linear, as the 0.6B model's identity, takes
@@ -494,7 +491,6 @@ class FrameStepper:
         proj = cp.small_to_mtp_projection
         fused = isinstance(proj, torch.nn.Linear)
         rows = x.shape[0]
-        frames[:, 0] = self.token[:rows]
         h = x.reshape(rows * 2, -1)
         h = dk.linear(h, proj.weight, bias=proj.bias) if fused else proj(h)
         start, n = 0, 2
@@ -509,13 +505,13 @@ class FrameStepper:
             last = h.view(rows, n, -1)[:, -1]
             scores = dk.linear(last, cp.lm_head[j].weight, norm=ps.norm_w, eps=ps.norm_eps, out_dtype=torch.float32)
             start, n = start + n, 1
-            if j + 1 == self.groups - 1:
-                frames[:, j + 1] = scores.argmax(-1)
-            elif fused:
+            last_pass = j + 1 == self.groups - 1
+            if fused and not last_pass:
                 table = cp.model.codec_embedding[j].weight
                 h = dk.linear(table, proj.weight, bias=proj.bias, select=scores, tokens=frames[:, j + 1])
-            else:
-                frames[:, j + 1] = scores.argmax(-1)
+                continue
+            frames[:, j + 1] = scores.argmax(-1)
+            if not last_pass:
                 h = proj(cp.model.codec_embedding[j](frames[:, j + 1]))
 
     @torch.inference_mode()

@@ -74,7 +74,6 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
         xr = xr.to(tl.int64)
     else:
         xr = rm
-    inv = tl.zeros([BM], dtype=tl.float32)
     if NORM:
         sq = tl.zeros([BM], dtype=tl.float32)
         for k0 in range(0, K, BK):
