@@ -6,12 +6,14 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                eager runner path (float32 and bfloat16 reported);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels and
                with the torch layers (MICRO_EAGER=1 adds eager), prefill, the codec decoder per chunk
-               (float32 / bfloat16, bf16's error against fp32; MICRO_DECODER=none skips it), measured
+               (float32 / bfloat16, bf16's error against fp32; MICRO_DECODER=none skips it, =graphed times only
+               the serving decoder, cuDNN autotuning off and on), measured
                copy bandwidth, and the memory-bandwidth bound of each;
   --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
                STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
-               TTFP / E2E / RTF p50 p95 p99 and audio seconds per second at each concurrency;
+               TTFP / E2E / RTF p50 p95 p99 and audio seconds per second at each concurrency, with
+               serving_bench's minimal HTTP client and with httpx (--clients);
   --reference  the upstream `qwen-tts` package on the same GPU and weights (run with --ref-python and
                --ref-path, its own transformers), greedy, 125 frames: its RTF (TTFP = E2E: no streaming).
 
@@ -139,6 +141,16 @@ def micro(model_dir: str) -> dict:
     from streamvox.models.qwen3_tts.runner import _SlotCache
 
     out: dict = {}
+    if os.environ.get("MICRO_DECODER", "all") == "graphed":  # only the serving decoder: cuDNN autotuning off, on
+        st_dir = os.path.join(model_dir, "speech_tokenizer")
+        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=torch.float32)
+        codec.check_codes = False
+        codes = torch.randint(0, 2048, (64, 16, 52), generator=torch.Generator().manual_seed(0)).cuda()
+        for bench in (False, True):
+            torch.backends.cudnn.benchmark = bench
+            out.update(_micro_graphed_decoder(codec, codes, "_cudnn_benchmark" if bench else ""))
+        torch.backends.cudnn.benchmark = False
+        return out
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     ms = _time_cuda(lambda x=x, y=y: y.copy_(x), iters=10)
@@ -267,19 +279,19 @@ def micro(model_dir: str) -> dict:
     return out
 
 
-def _micro_graphed_decoder(codec, codes: torch.Tensor) -> dict:
+def _micro_graphed_decoder(codec, codes: torch.Tensor, suffix: str = "") -> dict:
     """The serving decoder (`GraphedDecoder`, CUDA graphs, as the runner builds it for --max-batch 64):
-    first chunks (lane 0) and 25-frame calls (lane 1)."""
+    first chunks (lane 0) and 8- and 25-frame calls (lane 1). `suffix`: appended to the result keys."""
     from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
 
     out = {}
     t0 = time.perf_counter()
     dec = GraphedDecoder(codec, slots=128, max_rows=64, lane_frames=(2, 25))
     dec.warmup()
-    out["decoder_graphs_capture_s"] = time.perf_counter() - t0
-    log(f"# graphed decoder: graphs captured in {out['decoder_graphs_capture_s']:.1f} s")
+    out[f"decoder_graphs_capture{suffix}_s"] = time.perf_counter() - t0
+    log(f"# graphed decoder{suffix}: graphs captured in {time.perf_counter() - t0:.1f} s")
     for b in (1, 4, 16, 64):
-        for f, lane in ((1, 0), (2, 0), (25, 1)):
+        for f, lane in ((1, 0), (2, 0), (8, 1), (25, 1)):
             states = [dec.new_stream_state() for _ in range(b)]
 
             def call(b=b, f=f, lane=lane, states=states):
@@ -290,8 +302,8 @@ def _micro_graphed_decoder(codec, codes: torch.Tensor) -> dict:
             ms = _time_cuda(call, iters=10, warm=2)
             for s in states:
                 dec.release_stream(s)
-            out[f"decoder_graphed_b{b}_{f}frames_ms"] = ms
-            log(f"# graphed decoder B={b} x {f} frames ({'first chunk' if lane == 0 else 'later chunk'}): "
+            out[f"decoder_graphed_b{b}_{f}frames{suffix}_ms"] = ms
+            log(f"# graphed decoder{suffix} B={b} x {f} frames ({'first chunk' if lane == 0 else 'later chunk'}): "
                 f"{ms:.2f} ms ({b * f * 0.08 / (ms / 1e3):.0f} audio s/s)")
     return out
 
@@ -415,16 +427,19 @@ def profile(model_dir: str) -> dict:
 # ------------------------------------------------------------------------------------------ serve
 
 
-async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
+async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -> dict:
+    """One concurrency level: a warm-up round (not counted), then `n` requests by `concurrency` workers.
+    `client`: "raw" (serving_bench's minimal HTTP/1.1 client, one keep-alive connection per worker) or
+    "httpx" (its pure-Python HTTP stack costs the benchmark's own event loop about a millisecond per
+    request and chunk, which lands in the TTFP of bursts)."""
     import httpx
-    from serving_bench import one_request
+    from serving_bench import RawConnection, one_request, one_request_raw
 
     body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", "sample_rate": 24000,
             "max_new_tokens": frames, "temperature": 0.0}
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        body["model"] = model
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        body["model"] = (await http.get("/v1/models")).json()["data"][0]["id"]
 
         async def run(count: int, workers: int) -> tuple[list, float]:
             queue: asyncio.Queue[int] = asyncio.Queue()
@@ -433,9 +448,15 @@ async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
             results: list = []
 
             async def worker() -> None:
+                connection = RawConnection(url, {}) if client == "raw" else None
                 while not queue.empty():
                     queue.get_nowait()
-                    results.append(await one_request(client, body, False, 24000))
+                    if connection is not None:
+                        results.append(await one_request_raw(connection, body, False, 24000))
+                    else:
+                        results.append(await one_request(http, body, False, 24000))
+                if connection is not None:
+                    connection.close()
 
             t0 = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(workers)))
@@ -443,7 +464,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
 
         await run(max(concurrency, 2), concurrency)  # warm-up, not counted
         results, wall = await run(n, concurrency)
-    row: dict = {"concurrency": concurrency, "requests": len(results)}
+    row: dict = {"concurrency": concurrency, "client": client, "requests": len(results)}
     for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
                        ("rtf", [r["rtf"] for r in results])):
         for q in (50, 95, 99):
@@ -454,7 +475,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int) -> dict:
     return row
 
 
-def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> list[dict]:
+def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str]) -> list[dict]:
     from tests.conftest import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
@@ -471,17 +492,19 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int) -> lis
     log(f"# server up in {time.time() - t0:.1f}s")
     rows = []
     try:
-        for c in levels:
-            row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames))
-            rows.append(row)
-            log(json.dumps(row))
+        for client in clients:
+            for c in levels:
+                row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client))
+                rows.append(row)
+                log(json.dumps(row))
     finally:
         server.stop()
-    log("\n| concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 | E2E p99 | RTF p50 | RTF p95 "
-        "| RTF p99 | audio s/s |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    log("\n| client | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 | E2E p99 | RTF p50 "
+        "| RTF p95 | RTF p99 | audio s/s |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        log(f"| {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} | {r['ttfp_ms_p99']:.1f} "
+        log(f"| {r['client']} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
+            f"| {r['ttfp_ms_p99']:.1f} "
             f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
             f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} |")
     return rows
@@ -552,6 +575,8 @@ def main() -> None:
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check-dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--clients", nargs="+", choices=["raw", "httpx"], default=["raw", "httpx"],
+                    help="HTTP clients that drive --serve, each over every level (default both)")
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--ref-runs", type=int, default=3)
@@ -576,7 +601,7 @@ def main() -> None:
     dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
     parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
-             ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch)),
+             ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:
         if not getattr(args, name):

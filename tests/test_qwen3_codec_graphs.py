@@ -71,6 +71,24 @@ def test_streams_equal_offline_decode(codec: Code2Wav) -> None:
         assert (torch.cat(o) - ref).abs().max().item() <= TOL
 
 
+def test_calls_split_by_chunk_size(codec: Code2Wav) -> None:
+    """Chunks of very different sizes due together go to separate calls (a 1-frame chunk is not padded to
+    25 frames), equal sizes share one; every row is decoded once, and `usage` counts real and padded frames."""
+    dec = GraphedDecoder(codec, slots=10, max_rows=16, lane_frames=(25,), use_graphs=False)
+    assert dec._partition([25, 1, 25, 1, 25, 1, 25, 1], dec.lanes[0].frame_buckets) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert dec._partition([25, 24, 25], dec.lanes[0].frame_buckets) == [[0, 2, 1]]
+    lens = [9, 1, 9, 1, 16, 2]
+    states = [dec.new_stream_state() for _ in lens]
+    codes = [_codes(60 + i, n) for i, n in enumerate(lens)]
+    got = dec.decode_stream(codes, states)
+    for c, wav in zip(codes, got, strict=True):
+        assert (wav - codec.decode(c[None])[0]).abs().max().item() <= TOL
+    usage = dec.usage()
+    calls = int(usage.split(": ")[1].split(" calls")[0])
+    assert calls >= 2 and f"{sum(lens)} frames" in usage
+    assert "0 calls, 0 frames" in dec.usage()  # reading resets the counters
+
+
 def test_released_slot_starts_fresh(codec: Code2Wav) -> None:
     """A slot given back and taken by a new stream carries nothing of the old one."""
     dec = GraphedDecoder(codec, slots=1, max_rows=2, lane_frames=(4,), use_graphs=False)

@@ -594,6 +594,10 @@ class Code2Wav(nn.Module):
 
     def compile_pointwise(self) -> None:
         """Fuse the SnakeBeta activations with torch.compile (dynamic shapes; CUDA)."""
+        import torch._dynamo
+
+        # one variant per block's channel count and input layout: more than dynamo's default limit of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         fused = torch.compile(_snake, dynamic=True, fullgraph=True)
         for mod in self.modules():
             if isinstance(mod, SnakeBeta):

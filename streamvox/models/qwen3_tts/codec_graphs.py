@@ -32,6 +32,9 @@ from streamvox.models.qwen3_tts.cuda_graphs import capture_graph, copy_from_host
 
 log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A graph call's fixed cost in padded row-frames: on an H200 (1.7B decoder, fp32/TF32) a call costs about
+# 3 ms + 0.07 ms per row + 0.065 ms per row-frame, so ~46 row-frames per call and ~1 per row.
+CALL_COST_FRAMES = 46
 
 
 def frame_buckets(max_frames: int) -> tuple[int, ...]:
@@ -65,6 +68,9 @@ class _Lane:
     outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     pool: Any = None  # CUDA graph memory pool of its graphs
     stream: torch.cuda.Stream | None = None  # the CUDA stream of its last call
+    calls: int = 0  # since `usage` last read them: graph calls, real and padded (rows x frames) frames
+    frames: int = 0
+    padded: int = 0
 
 
 class GraphedDecoder:
@@ -160,21 +166,46 @@ class GraphedDecoder:
         outs: list[list[torch.Tensor]] = [[] for _ in states]
         done = [0] * len(states)
         limit = ln.frame_buckets[-1]
-        # Several calls (long chunks, many rows) may replay one graph twice: keep copies, not views.
-        several = len(states) > self.max_rows or max((c.shape[1] for c in codes_list), default=0) > limit
+        several = max((c.shape[1] for c in codes_list), default=0) > limit
         while True:
             rows = [i for i, c in enumerate(codes_list) if c.shape[1] > done[i]]
             if not rows:
                 break
-            for g in range(0, len(rows), self.max_rows):
-                group = rows[g : g + self.max_rows]
-                pieces = [codes_list[i][:, done[i] : done[i] + limit] for i in group]
-                wavs = self._call(ln, pieces, [states[i] for i in group])
-                for i, piece, wav in zip(group, pieces, wavs, strict=True):
-                    done[i] += piece.shape[1]
-                    outs[i].append(wav.clone() if several else wav)
+            pieces = [codes_list[i][:, done[i] : done[i] + limit] for i in rows]
+            groups = self._partition([p.shape[1] for p in pieces], ln.frame_buckets)
+            # Several calls may replay one graph twice: keep copies, not views of its static output.
+            several = several or len(groups) > 1
+            for group in groups:
+                wavs = self._call(ln, [pieces[k] for k in group], [states[rows[k]] for k in group])
+                for k, wav in zip(group, wavs, strict=True):
+                    done[rows[k]] += pieces[k].shape[1]
+                    outs[rows[k]].append(wav.clone() if several else wav)
         empty = torch.zeros(0, dtype=self.dtype, device=self.device)
         return [o[0] if len(o) == 1 else torch.cat(o) if o else empty for o in outs]
+
+    def _partition(self, lens: list[int], frame_buckets: tuple[int, ...]) -> list[list[int]]:
+        """Split rows of `lens` frames into graph calls: runs of the rows sorted by length (longest first)
+        that minimise the padded work, (rows bucket) x (frames bucket + 1) summed over calls, plus
+        CALL_COST_FRAMES per call. One call for everything would pad a 2-frame chunk to 25 frames and 9
+        rows to 16 whenever chunks of different sizes fall due together (about half the decoder's work
+        was padding at 64 streams); a call per size would pay each call's fixed cost."""
+        order = sorted(range(len(lens)), key=lambda k: -lens[k])
+        n = len(order)
+        width = [_bucket(lens[k], frame_buckets) + 1 for k in order]  # a call starting at row j pads to width[j]
+        padded_rows = [0] + [_bucket(r, self.row_buckets) for r in range(1, self.max_rows + 1)]
+        best = [0] * (n + 1)  # best[i]: the least cost of the first i rows of `order`
+        cut = [0] * (n + 1)  # the last call of best[i] starts at row cut[i]
+        for i in range(1, n + 1):
+            best[i] = -1
+            for j in range(max(0, i - self.max_rows), i):
+                cost = best[j] + padded_rows[i - j] * width[j] + CALL_COST_FRAMES
+                if best[i] < 0 or cost < best[i]:
+                    best[i], cut[i] = cost, j
+        groups = []
+        while n:
+            groups.append(order[cut[n] : n])
+            n = cut[n]
+        return groups[::-1]
 
     def _call(self, ln: _Lane, pieces: list[torch.Tensor], states: list[SlotStream]) -> list[torch.Tensor]:
         """One graph replay (or eager run) for at most `max_rows` rows of at most the lane's frames."""
@@ -189,6 +220,7 @@ class GraphedDecoder:
         else:
             for r, p in enumerate(pieces):
                 ln.codes[r, :, : lens[r]].copy_(p)
+        ln.calls, ln.frames, ln.padded = ln.calls + 1, ln.frames + sum(lens), ln.padded + rows * t
         pad = rows - n
         meta = torch.tensor([lens + [1] * pad, [s.frames for s in states] + [0] * pad,
                              [s.slot for s in states] + [ln.scratch] * pad], dtype=torch.long)
@@ -201,6 +233,14 @@ class GraphedDecoder:
         for s, m in zip(states, lens, strict=True):
             s.frames += m
         return [wav[r, : lens[r] * self.spf] for r in range(n)]
+
+    def usage(self) -> str:
+        """Calls and frames (real / padded) per lane since the last `usage`; resets them."""
+        out = []
+        for i, ln in enumerate(self.lanes):
+            out.append(f"decoder lane {i}: {ln.calls} calls, {ln.frames} frames ({ln.padded} padded)")
+            ln.calls = ln.frames = ln.padded = 0
+        return ", ".join(out)
 
     def _forward(self, ln: _Lane, rows: int, t: int) -> torch.Tensor:
         """Gather the rows' tails (zeros for fresh streams), decode, scatter the new tails back."""

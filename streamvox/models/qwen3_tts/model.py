@@ -149,13 +149,22 @@ class Qwen3TTSModel:
 
     # ------------------------------------------------------------------ prompt
 
+    def ids_on_device(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Ids as a device tensor without waiting for the GPU: on CUDA an asynchronous copy from pinned
+        memory (a plain copy from pageable memory would wait for all the work queued on the stream, so
+        admitting a request would stall the engine until the running frame steps finish)."""
+        t = torch.as_tensor(ids, dtype=torch.long)
+        if t.device == self.device:
+            return t
+        if self.device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     def codec_embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        t = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        return self.talker.model.codec_embedding(t)
+        return self.talker.model.codec_embedding(self.ids_on_device(ids))
 
     def text_embed(self, ids: list[int]) -> torch.Tensor:
-        t = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
-        return self.talker.text_embed(t)
+        return self.talker.text_embed(self.ids_on_device(ids).reshape(-1))
 
     def track_embed(self, track: list[int], index: int, done: bool) -> torch.Tensor:
         """Embedding of item `index` of `track + [tts_eos] + [tts_pad]*` (caller checks availability)."""
@@ -193,7 +202,7 @@ class Qwen3TTSModel:
         offset: int | None
         if spec.ref_codes is not None:
             # In-context cloning: transcript+text track against [codec_bos] + reference frames.
-            ref_frames = self.talker.frame_embed(spec.ref_codes.to(self.device))
+            ref_frames = self.talker.frame_embed(self.ids_on_device(spec.ref_codes))
             codec_track = torch.cat([self.codec_embed([c.codec_bos_id]), ref_frames], 0)
             m = codec_track.shape[0]
             if spec.non_streaming:

@@ -171,6 +171,8 @@ class _Request:
     inflight: int = 0  # decoder calls whose audio has not been sent yet
     text_tokens: int = 0  # ids of the text to speak (usage: input_tokens)
     has_words: bool = False  # any non-whitespace text seen
+    created: float = field(default_factory=time.perf_counter)
+    audio_sent: bool = False
 
     @property
     def decoding(self) -> bool:
@@ -178,11 +180,17 @@ class _Request:
 
 
 class _Timing:
-    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps."""
+    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps, with the GPU
+    time of frame steps and decoder calls (CUDA events, read once they have completed), the decoder calls'
+    real and padded frames, and per request the time from arrival to prefill and to its first audio."""
 
     def __init__(self) -> None:
         self.sec: dict[str, float] = {}
         self.items: dict[str, int] = {}
+        self.gpu: dict[str, list[float]] = {}
+        self.spans: list[tuple[str, Any, Any]] = []  # (name, start event, end event) not yet read
+        self.latency: dict[str, list[float]] = {"admit": [], "first_audio": []}
+        self.notes: list[Callable[[], str]] = []  # more to log (the decoder's padding)
         self.steps = 0
         self.t0 = time.perf_counter()
 
@@ -192,11 +200,40 @@ class _Timing:
         if name == "step":
             self.steps += 1
             if self.steps % 250 == 0:
-                wall = time.perf_counter() - self.t0
-                parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
-                                  for k, v in self.sec.items())
-                _log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s", self.steps, wall, parts)
-                self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
+                self._log()
+
+    def gpu_span(self, name: str, stream: Any) -> Callable[[], None]:
+        """Record a start event on `stream` now; the returned function records the end event."""
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+
+        def end() -> None:
+            stop = torch.cuda.Event(enable_timing=True)
+            stop.record(stream)
+            self.spans.append((name, start, stop))
+
+        return end
+
+    def _log(self) -> None:
+        wall = time.perf_counter() - self.t0
+        parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
+                          for k, v in self.sec.items())
+        pending = []
+        for name, start, stop in self.spans:
+            if stop.query():
+                self.gpu.setdefault(name, []).append(start.elapsed_time(stop))
+            else:
+                pending.append((name, start, stop))
+        self.spans = pending
+        gpu = ", ".join(f"{k} {len(v)} x {np.mean(v):.2f} ms (p90 {np.percentile(v, 90):.2f})"
+                        for k, v in self.gpu.items() if v)
+        lat = ", ".join(f"{k} p50 {np.percentile(v, 50) * 1e3:.1f} ms, p90 {np.percentile(v, 90) * 1e3:.1f} ms "
+                        f"(n {len(v)})" for k, v in self.latency.items() if v)
+        _log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s; GPU: %s; requests: %s; %s",
+                     self.steps, wall, parts, gpu, lat, "; ".join(note() for note in self.notes))
+        self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
+        self.gpu = {}
+        self.latency = {k: [] for k in self.latency}
 
 
 class Qwen3TTSRunner:
@@ -269,6 +306,8 @@ class Qwen3TTSRunner:
         elif cuda and isinstance(codec, Code2Wav):
             codec.check_codes = False  # our codes come from the model's heads: always in range (no host sync)
         self.codec = codec
+        if self._timing is not None and isinstance(codec, GraphedDecoder):
+            self._timing.notes.append(codec.usage)
         if self.stepper is not None and self.stepper.use_graphs:
             warm = os.environ.get("STREAMVOX_QWEN3_WARMUP_WIDTHS", "256,512")
             widths = tuple(width_bucket(int(w), max_seq_len) for w in warm.split(",") if w.strip())
@@ -597,6 +636,8 @@ class Qwen3TTSRunner:
             raise RequestError(f"prompt of {n} positions leaves no room in the {self.cache.max_len}-position "
                                "cache", param="input")
         req.slot = self.free_slots.pop(0)
+        if self._timing is not None:
+            self._timing.latency["admit"].append(time.perf_counter() - req.created)
         req.prompt_tokens = n
         req.length, req.offset = n, prompt.track_offset
         req.fast = self.stepper is not None and req.talker_settings.greedy and req.sub_settings.greedy
@@ -734,7 +775,9 @@ class Qwen3TTSRunner:
                                  else cfg.tts_eos_token_id if i == len(req.track) else cfg.tts_pad_token_id)
                     req.offset += 1
             st.set_inputs(active, ids, rows)
+            span = self._gpu_span(f"frame_step_{rows}", self.ar_stream)
             st.step(rows, width)
+            span()
             frames = st.frames[:rows].clone()
             if self.dec_stream is not None:
                 frames.record_stream(self.dec_stream)  # the decoder stream reads these later
@@ -822,7 +865,7 @@ class Qwen3TTSRunner:
             for req, piece in zip(due, self._decode_chunks(due), strict=True):
                 pcm = piece.float().cpu().numpy()
                 if pcm.size:
-                    sink.audio(req.rid, pcm)
+                    self._send_audio(sink, req, pcm)
         for req in due:
             if req.chunks == 0:
                 req.first_chunk = len(req.buffer)
@@ -865,7 +908,9 @@ class Qwen3TTSRunner:
         ds = stream or torch.cuda.current_stream()
         ds.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(ds):
+            span = self._gpu_span(f"decoder_lane{lane.get('lane', 1)}", ds)
             pieces = self._decode_chunks(due, **lane)
+            span()
             flat = torch.cat(pieces).float() if pieces else torch.zeros(0, device=ds.device)
             host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
             host.copy_(flat, non_blocking=True)
@@ -899,8 +944,21 @@ class Qwen3TTSRunner:
             for req, off, n in spans:
                 req.inflight -= 1
                 if n and self.requests.get(req.rid) is req:
-                    sink.audio(req.rid, pcm[off : off + n].copy())
+                    self._send_audio(sink, req, pcm[off : off + n].copy())
         self._inflight = waiting
+
+    def _gpu_span(self, name: str, stream: torch.cuda.Stream | None) -> Callable[[], None]:
+        """With timing on CUDA: time the device work queued on `stream` from now until the returned function
+        is called; otherwise a no-op."""
+        if self._timing is None or stream is None:
+            return lambda: None
+        return self._timing.gpu_span(name, stream)
+
+    def _send_audio(self, sink: OutputSink, req: _Request, pcm: np.ndarray) -> None:
+        if not req.audio_sent and self._timing is not None:
+            self._timing.latency["first_audio"].append(time.perf_counter() - req.created)
+        req.audio_sent = True
+        sink.audio(req.rid, pcm)
 
 
 def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype = torch.float32,
