@@ -261,10 +261,12 @@ class FrameStepper:
         self.text_ids[:rows].copy_(dev[rows:])
 
     def reset_slot(self, slot: int, penalty: float) -> None:
-        self.pos[slot] = 0
-        self.count[slot] = 0
+        # fill_, not `t[slot] = 0`: assigning a Python number to a CUDA tensor element copies it from the
+        # host and waits for all the work queued on the stream (the running frame steps)
+        self.pos[slot].fill_(0)
+        self.count[slot].fill_(0)
         self.seen[slot].zero_()
-        self.penalty[slot] = penalty
+        self.penalty[slot].fill_(penalty)
 
     @torch.inference_mode()
     def prefill(self, slot: int, embeds: torch.Tensor) -> torch.Tensor:
@@ -372,7 +374,7 @@ class FrameStepper:
     @torch.inference_mode()
     def prefill_done(self, slot: int, length: int, hidden: torch.Tensor) -> None:
         """After the prompt of `length` positions: store the last hidden state and choose codebook 0."""
-        self.pos[slot] = length
+        self.pos[slot].fill_(length)
         self.hidden[slot] = hidden
         logits = self.talker.codec_head(hidden)[None].float()
         s = slice(slot, slot + 1)

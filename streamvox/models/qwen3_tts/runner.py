@@ -182,7 +182,8 @@ class _Request:
 class _Timing:
     """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps, with the GPU
     time of frame steps and decoder calls (CUDA events, read once they have completed), the decoder calls'
-    real and padded frames, and per request the time from arrival to prefill and to its first audio."""
+    real and padded frames, and per request the time from arrival to prefill and to its first audio. On CUDA
+    the runner also warns of every host sync (`torch.cuda.set_sync_debug_mode`)."""
 
     def __init__(self) -> None:
         self.sec: dict[str, float] = {}
@@ -312,6 +313,8 @@ class Qwen3TTSRunner:
             warm = os.environ.get("STREAMVOX_QWEN3_WARMUP_WIDTHS", "256,512")
             widths = tuple(width_bucket(int(w), max_seq_len) for w in warm.split(",") if w.strip())
             self.stepper.warmup(max_batch, widths)
+        if self._timing is not None and cuda:
+            torch.cuda.set_sync_debug_mode("warn")  # name every host sync in the engine (one warning per line)
         sr = codec.sample_rate if codec is not None else 24000
         speakers = sorted(cfg.speakers)
         self.info = ModelInfo(
@@ -607,8 +610,11 @@ class Qwen3TTSRunner:
         burst of arrivals costs one prefill rather than one per request; the others run one by one."""
         group: list[tuple[_Request, torch.Tensor]] = []
         for req in ready:
+            t0 = time.perf_counter()
             try:
                 embeds = self._admit(req)
+                if self._timing is not None:
+                    self._timing.add("build_prompt", time.perf_counter() - t0, 1)
             except RequestError as e:
                 self.release(req.rid)
                 sink.failed(req.rid, e)
