@@ -354,3 +354,27 @@ def test_load_runner_from_directory(cv_dir):
                              sampling=SamplingParams(temperature=0, max_new_tokens=3)))
     drain(runner, sink)
     assert sink.done["x"][0] in ("stop", "length")
+
+
+def test_timing_log_counts_requests(cv_model, monkeypatch, caplog):
+    """STREAMVOX_QWEN3_TIMING=1: every request's wait for its prefill and for its first audio is recorded,
+    and the periodic log line reports them (and the extra notes), then starts a new window."""
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "1")
+    runner, _, _ = _runner(cv_model)
+    timing = runner._timing
+    assert timing is not None
+    timing.notes.append(lambda: "decoder note")
+    sink = RecordingSink()
+    for r in _requests(3, SamplingParams(temperature=0.0)):
+        runner.add(r)
+    drain(runner, sink)
+    assert len(sink.done) == 3
+    assert len(timing.latency["admit"]) == 3 and len(timing.latency["first_audio"]) == 3
+    # each request's prefill comes before its first audio, so the sorted waits compare pairwise too
+    assert all(a < f for a, f in zip(sorted(timing.latency["admit"]), sorted(timing.latency["first_audio"]),
+                                     strict=True))
+    with caplog.at_level("WARNING"):
+        timing._log()
+    line = caplog.records[-1].getMessage()
+    assert "admit p50" in line and "first_audio p50" in line and "(n 3)" in line and "decoder note" in line
+    assert timing.latency == {"admit": [], "first_audio": []}
