@@ -27,7 +27,8 @@ benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast pa
 `STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
 prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
 SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1` (the plain `Code2Wav` decoder on CUDA / the slot
-decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host time per step phase).
+decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host and GPU time per step phase,
+per-request waits and every host sync: `step_timing`).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
@@ -35,7 +36,6 @@ its `_Request` and is dropped on finish, failure or `release`.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -55,6 +55,7 @@ from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
 from streamvox.models.qwen3_tts.modeling import DenseCache
 from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
 from streamvox.models.qwen3_tts.speaker import resample
+from streamvox.models.qwen3_tts.step_timing import StepTiming
 from streamvox.models.qwen3_tts.text import IncrementalText
 
 TASK_ALIASES = {
@@ -62,7 +63,6 @@ TASK_ALIASES = {
     "voice_design": "voice_design", "voicedesign": "voice_design", "design": "voice_design",
     "base": "base", "voice_clone": "base", "clone": "base",
 }
-_log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
 POLL_INTERVAL_S = 2e-4  # while waiting for the GPU with decoder calls in flight
 BLOCK_MAX_S = 1e-3  # with nothing but decoder calls in flight, the longest wait before the engine looks for requests
@@ -179,64 +179,6 @@ class _Request:
         return self.token is not None and self.finish_reason is None
 
 
-class _Timing:
-    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps, with the GPU
-    time of frame steps and decoder calls (CUDA events, read once they have completed), the decoder calls'
-    real and padded frames, and per request the time from arrival to prefill and to its first audio. On CUDA
-    the runner also warns of every host sync (`torch.cuda.set_sync_debug_mode`)."""
-
-    def __init__(self) -> None:
-        self.sec: dict[str, float] = {}
-        self.items: dict[str, int] = {}
-        self.gpu: dict[str, list[float]] = {}
-        self.spans: list[tuple[str, Any, Any]] = []  # (name, start event, end event) not yet read
-        self.latency: dict[str, list[float]] = {"admit": [], "first_audio": []}
-        self.notes: list[Callable[[], str]] = []  # more to log (the decoder's padding)
-        self.steps = 0
-        self.t0 = time.perf_counter()
-
-    def add(self, name: str, sec: float, items: int = 0) -> None:
-        self.sec[name] = self.sec.get(name, 0.0) + sec
-        self.items[name] = self.items.get(name, 0) + items
-        if name == "step":
-            self.steps += 1
-            if self.steps % 250 == 0:
-                self._log()
-
-    def gpu_span(self, name: str, stream: Any) -> Callable[[], None]:
-        """Record a start event on `stream` now; the returned function records the end event."""
-        start = torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-
-        def end() -> None:
-            stop = torch.cuda.Event(enable_timing=True)
-            stop.record(stream)
-            self.spans.append((name, start, stop))
-
-        return end
-
-    def _log(self) -> None:
-        wall = time.perf_counter() - self.t0
-        parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
-                          for k, v in self.sec.items())
-        pending = []
-        for name, start, stop in self.spans:
-            if stop.query():
-                self.gpu.setdefault(name, []).append(start.elapsed_time(stop))
-            else:
-                pending.append((name, start, stop))
-        self.spans = pending
-        gpu = ", ".join(f"{k} {len(v)} x {np.mean(v):.2f} ms (p90 {np.percentile(v, 90):.2f})"
-                        for k, v in self.gpu.items() if v)
-        lat = ", ".join(f"{k} p50 {np.percentile(v, 50) * 1e3:.1f} ms, p90 {np.percentile(v, 90) * 1e3:.1f} ms "
-                        f"(n {len(v)})" for k, v in self.latency.items() if v)
-        _log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s; GPU: %s; requests: %s; %s",
-                     self.steps, wall, parts, gpu, lat, "; ".join(note() for note in self.notes))
-        self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
-        self.gpu = {}
-        self.latency = {k: [] for k in self.latency}
-
-
 class Qwen3TTSRunner:
     """`Runner` for a Qwen3-TTS-12Hz checkpoint (CustomVoice, VoiceDesign or Base)."""
 
@@ -264,7 +206,7 @@ class Qwen3TTSRunner:
         self.on_frame = on_frame
         # Batched prefill (fast path): at most this many prompts / padded positions per forward.
         # STREAMVOX_QWEN3_BATCH_PREFILL=0 runs the fast path's prompts one at a time.
-        self._timing = _Timing() if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None
+        self._timing = StepTiming() if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None
         self.batch_prefill = os.environ.get("STREAMVOX_QWEN3_BATCH_PREFILL", "1") != "0"
         self.max_prefill_batch = max_batch if self.batch_prefill else 1
         self.max_prefill_tokens = max_prefill_tokens
