@@ -193,8 +193,11 @@ def launched(tmp_path_factory) -> Iterator[Launched]:
     vllm_agent = spawn(python, "--llm", str(qwen3), "--asr", str(whisper), "--llm-max-tokens", "400",
                        "--llm-temperature", "1.0", "--llm-seed", "1")
     chat_port = free_port()
-    chat = subprocess.Popen([python, str(ROOT / "tests" / "tiny_chat_server.py"), str(qwen3), str(chat_port)],
-                            cwd=ROOT)
+    # Paced at 50 tokens/s, a real LLM's rate: unpaced, the tiny model can finish a 60-token reply before its first
+    # clause is spoken (CI saw the first audio delta one event after the last transcript delta), and the tests
+    # check that speech starts while the thinker is still generating.
+    chat = subprocess.Popen([python, str(ROOT / "tests" / "tiny_chat_server.py"), str(qwen3), str(chat_port),
+                             "--token-delay-s", "0.02"], cwd=ROOT)
     chat_url = f"http://127.0.0.1:{chat_port}"
     url_agent = spawn(sys.executable, "--llm-url", f"{chat_url}/v1", "--llm-model", "tiny-qwen3",
                       "--llm-max-tokens", "400", "--llm-context-tokens", "300", "--llm-temperature", "1.0",

@@ -67,14 +67,14 @@ class Generator:
                     if token == eos:
                         break
                     produced.append(token)
+                    ids = torch.tensor([[token]])  # the next step's input, whether or not text comes out now
+                    if self.token_delay_s:
+                        time.sleep(self.token_delay_s)
                     new_text = self.tokenizer.decode(produced, skip_special_tokens=True)
                     if new_text.endswith("\ufffd"):
                         continue  # an unfinished UTF-8 sequence: wait for the next token
                     emit(new_text[len(text):])
                     text = new_text
-                    ids = torch.tensor([[token]])
-                    if self.token_delay_s:
-                        time.sleep(self.token_delay_s)
         finally:
             with self.lock:
                 self.stats["running"] -= 1
