@@ -430,8 +430,8 @@ def profile(model_dir: str) -> dict:
 async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -> dict:
     """One concurrency level: a warm-up round (not counted), then `n` requests by `concurrency` workers.
     `client`: "raw" (serving_bench's minimal HTTP/1.1 client, one keep-alive connection per worker) or
-    "httpx" (its pure-Python HTTP stack costs the benchmark's own event loop about a millisecond per
-    request and chunk, which lands in the TTFP of bursts)."""
+    "httpx" (pure-Python HTTP in this one event loop: at 16 and 64 streams its own cost shows in TTFP and
+    throughput, see RESULTS.md)."""
     import httpx
     from serving_bench import RawConnection, one_request, one_request_raw
 
