@@ -12,7 +12,7 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
   --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
                STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
-               TTFP / E2E / RTF p50 p95 p99 and audio seconds per second at each concurrency, with
+               TTFP / E2E / RTF / playback stall p50 p95 p99 and audio seconds per second at each concurrency, with
                serving_bench's minimal HTTP client and with httpx (--clients);
   --reference  the upstream `qwen-tts` package on the same GPU and weights (run with --ref-python and
                --ref-path, its own transformers), greedy, 125 frames: its RTF (TTFP = E2E: no streaming).
@@ -466,7 +466,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
         results, wall = await run(n, concurrency)
     row: dict = {"concurrency": concurrency, "client": client, "requests": len(results)}
     for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
-                       ("rtf", [r["rtf"] for r in results])):
+                       ("rtf", [r["rtf"] for r in results]), ("stall_ms", [r["stall"] * 1000 for r in results])):
         for q in (50, 95, 99):
             row[f"{name}_p{q}"] = float(np.percentile(vals, q))
     audio = sum(r["audio_s"] for r in results)
@@ -500,13 +500,14 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, client
     finally:
         server.stop()
     log("\n| client | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 | E2E p99 | RTF p50 "
-        "| RTF p95 | RTF p99 | audio s/s |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "| RTF p95 | RTF p99 | audio s/s | stall p50 ms | stall p95 |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         log(f"| {r['client']} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
             f"| {r['ttfp_ms_p99']:.1f} "
             f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
-            f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} |")
+            f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} | {r['stall_ms_p50']:.0f} "
+            f"| {r['stall_ms_p95']:.0f} |")
     return rows
 
 

@@ -3,6 +3,8 @@
 Formulas (as in the upstream Qwen3-TTS serving benchmark):
   TTFP = time to the first non-empty audio chunk; E2E = time to the last byte;
   RTF = E2E / audio duration; throughput = total audio seconds / wall time.
+Also per request: stall = how long a real-time player that starts at the first audio would
+have waited, in all, for audio that had not arrived yet (`Playback`).
 
 Starts its own `streamvox serve` unless --url is given. Example:
   python benchmarks/serving_bench.py --model espeak --stream-format sse --concurrency 1 4 16 64
@@ -45,17 +47,39 @@ TEXTS = [
 ]
 
 
-def _timings(start: float, ttfp: float | None, pcm_bytes: int, sample_rate: int) -> dict:
-    """One request's TTFP, E2E (now), audio seconds (s16le mono) and RTF."""
+class Playback:
+    """A player that starts with a request's first audio and plays in real time: `stall` is how long, in
+    all, it would have waited for audio that had not arrived yet (s16le mono: 2 bytes a sample)."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.bytes_per_s = 2 * sample_rate
+        self.until: float | None = None  # when the audio received so far runs out
+        self.stall = 0.0
+
+    def add(self, now: float, nbytes: int) -> None:
+        if not nbytes:
+            return
+        if self.until is None:
+            self.until = now
+        elif now > self.until:
+            self.stall += now - self.until
+            self.until = now
+        self.until += nbytes / self.bytes_per_s
+
+
+def _timings(start: float, ttfp: float | None, playback: Playback, pcm_bytes: int, sample_rate: int) -> dict:
+    """One request's TTFP, E2E (now), audio seconds (s16le mono), RTF and playback stall."""
     e2e = time.perf_counter() - start
     audio_s = pcm_bytes / 2 / sample_rate
-    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf")}
+    return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf"),
+            "stall": playback.stall}
 
 
 async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_rate: int) -> dict:
     start = time.perf_counter()
     ttfp = None
     pcm_bytes = 0
+    playback = Playback(sample_rate)
     async with client.stream("POST", "/v1/audio/speech", json=body) as response:
         response.raise_for_status()
         if sse:
@@ -69,13 +93,15 @@ async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_r
                         size = len(base64.b64decode(payload["audio"]))
                         if size and ttfp is None:
                             ttfp = time.perf_counter() - start
+                        playback.add(time.perf_counter(), size)
                         pcm_bytes += size
         else:
             async for chunk in response.aiter_bytes():
                 if chunk and ttfp is None:
                     ttfp = time.perf_counter() - start
+                playback.add(time.perf_counter(), len(chunk))
                 pcm_bytes += len(chunk)
-    return _timings(start, ttfp, pcm_bytes, sample_rate)
+    return _timings(start, ttfp, playback, pcm_bytes, sample_rate)
 
 
 class _SSEEvent(msgspec.Struct):
@@ -141,6 +167,7 @@ async def one_request_raw(connection: RawConnection, body: dict, sse: bool, samp
     start = time.perf_counter()
     ttfp = None
     pcm_bytes = 0
+    playback = Playback(sample_rate)
     status, chunks = await connection.request("POST", "/v1/audio/speech", msgspec.json.encode(body))
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {b''.join([c async for c in chunks])[:300]!r}")
@@ -155,12 +182,14 @@ async def one_request_raw(connection: RawConnection, body: dict, sse: bool, samp
                     size = _b64_size(payload.audio)
                     if size and ttfp is None:
                         ttfp = time.perf_counter() - start
+                    playback.add(time.perf_counter(), size)
                     pcm_bytes += size
         else:
             if chunk and ttfp is None:
                 ttfp = time.perf_counter() - start
+            playback.add(time.perf_counter(), len(chunk))
             pcm_bytes += len(chunk)
-    return _timings(start, ttfp, pcm_bytes, sample_rate)
+    return _timings(start, ttfp, playback, pcm_bytes, sample_rate)
 
 
 async def run_level(url: str, concurrency: int, num_requests: int, args) -> dict:
@@ -211,9 +240,10 @@ async def _run_level(concurrency: int, num_requests: int, args, new_sender) -> d
     ttfp = np.array([r["ttfp"] for r in results]) * 1000
     e2e = np.array([r["e2e"] for r in results]) * 1000
     rtf = np.array([r["rtf"] for r in results])
+    stall = np.array([r["stall"] for r in results]) * 1000
     audio = sum(r["audio_s"] for r in results)
     row = {"concurrency": concurrency, "requests": len(results)}
-    for name, values in (("ttfp_ms", ttfp), ("e2e_ms", e2e), ("rtf", rtf)):
+    for name, values in (("ttfp_ms", ttfp), ("e2e_ms", e2e), ("rtf", rtf), ("stall_ms", stall)):
         for q in (50, 95, 99):
             row[f"{name}_p{q}"] = float(np.percentile(values, q))
     row["audio_s_per_s"] = audio / wall
