@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -448,15 +449,15 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
             results: list = []
 
             async def worker() -> None:
-                connection = RawConnection(url, {}) if client == "raw" else None
-                while not queue.empty():
-                    queue.get_nowait()
-                    if connection is not None:
-                        results.append(await one_request_raw(connection, body, False, 24000))
-                    else:
-                        results.append(await one_request(http, body, False, 24000))
-                if connection is not None:
-                    connection.close()
+                raw = RawConnection(url, {}) if client == "raw" else None
+                send = partial(one_request_raw, raw) if raw is not None else partial(one_request, http)
+                try:
+                    while not queue.empty():
+                        queue.get_nowait()
+                        results.append(await send(body, False, 24000))
+                finally:
+                    if raw is not None:
+                        raw.close()
 
             t0 = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(workers)))

@@ -43,13 +43,8 @@ COLD_BYTES = 256 << 20  # weight copies cycled through per timing: more than the
 
 def cycle(calls):
     """One callable that makes the next of `calls` (in turn) at each call."""
-    calls = list(calls)
-    state = [0]
-
-    def call():
-        state[0] += 1
-        return calls[state[0] % len(calls)]()
-    return call
+    turn = itertools.cycle(list(calls))
+    return lambda: next(turn)()
 
 
 def per_launch_ms(fn) -> float:

@@ -22,6 +22,7 @@ On the CPU (or with graphs off) the same code runs eagerly: that is how CI tests
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,13 +194,12 @@ class GraphedDecoder:
         n = len(order)
         width = [_bucket(lens[k], frame_buckets) + 1 for k in order]  # a call starting at row j pads to width[j]
         padded_rows = [0] + [_bucket(r, self.row_buckets) for r in range(1, self.max_rows + 1)]
-        best = [0] * (n + 1)  # best[i]: the least cost of the first i rows of `order`
+        best = [0.0] + [math.inf] * n  # best[i]: the least cost of the first i rows of `order`
         cut = [0] * (n + 1)  # the last call of best[i] starts at row cut[i]
         for i in range(1, n + 1):
-            best[i] = -1
             for j in range(max(0, i - self.max_rows), i):
                 cost = best[j] + padded_rows[i - j] * width[j] + CALL_COST_FRAMES
-                if best[i] < 0 or cost < best[i]:
+                if cost < best[i]:
                     best[i], cut[i] = cost, j
         groups = []
         while n:

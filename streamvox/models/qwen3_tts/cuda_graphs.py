@@ -483,8 +483,8 @@ class FrameStepper:
 
     def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor) -> None:
         """`_pred_pass` x 15 with the Triton layers, from `x` `[rows, 2, H_talker]` (the talker's hidden
-        state and codebook 0's embedding) into `frames[:, 1:]`. Each
-        (request, position) is a row whose cache slot is its request's. Between passes one GEMM picks
+        state and codebook 0's embedding) into `frames[:, 1:]`. Each (request, position) is a row whose
+        cache slot is its request's. Between passes one GEMM picks
         the greedy id from the head's scores, looks up its embedding and projects it, so the 15 passes
         are Triton launches only (a projection other than a linear, as the 0.6B model's identity, takes
         torch's argmax and lookup instead)."""

@@ -28,7 +28,6 @@ class StepTiming:
     def __init__(self) -> None:
         self.sec: dict[str, float] = {}
         self.items: dict[str, int] = {}
-        self.gpu: dict[str, list[float]] = {}
         self.spans: list[tuple[str, Any, Any]] = []  # (name, start event, end event) not yet read
         self.latency: dict[str, list[float]] = {"admit": [], "first_audio": []}
         self.notes: list[Callable[[], str]] = []  # more to log (the decoder's padding)
@@ -59,19 +58,18 @@ class StepTiming:
         wall = time.perf_counter() - self.t0
         parts = ", ".join(f"{k} {v / self.steps * 1e3:.2f} ms ({self.items[k] / self.steps:.1f})"
                           for k, v in self.sec.items())
+        done: dict[str, list[float]] = {}
         pending = []
         for name, start, stop in self.spans:
             if stop.query():
-                self.gpu.setdefault(name, []).append(start.elapsed_time(stop))
+                done.setdefault(name, []).append(start.elapsed_time(stop))
             else:
                 pending.append((name, start, stop))
         self.spans = pending
-        gpu = ", ".join(f"{k} {len(v)} x {np.mean(v):.2f} ms (p90 {np.percentile(v, 90):.2f})"
-                        for k, v in self.gpu.items() if v)
+        gpu = ", ".join(f"{k} {len(v)} x {np.mean(v):.2f} ms (p90 {np.percentile(v, 90):.2f})" for k, v in done.items())
         lat = ", ".join(f"{k} p50 {np.percentile(v, 50) * 1e3:.1f} ms, p90 {np.percentile(v, 90) * 1e3:.1f} ms "
                         f"(n {len(v)})" for k, v in self.latency.items() if v)
         log.warning("qwen3 runner timing: %d steps in %.1f s wall: per step %s; GPU: %s; requests: %s; %s",
                      self.steps, wall, parts, gpu, lat, "; ".join(note() for note in self.notes))
         self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
-        self.gpu = {}
         self.latency = {k: [] for k in self.latency}
