@@ -6,9 +6,9 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                eager runner path (float32 and bfloat16 reported);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels and
                with the torch layers (MICRO_EAGER=1 adds eager), prefill, the codec decoder per chunk
-               (float32 / bfloat16, bf16's error against fp32; MICRO_DECODER=none skips it, =graphed times only
-               the serving decoder, cuDNN autotuning off and on), measured
-               copy bandwidth, and the memory-bandwidth bound of each;
+               (float32, TF32, bfloat16, float16, each one's error against strict float32;
+               MICRO_DECODER=none skips it, =dtypes runs only it, =graphed times only the serving decoder,
+               cuDNN autotuning off and on), measured copy bandwidth, and the memory-bandwidth bound of each;
   --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
                STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
@@ -152,6 +152,8 @@ def micro(model_dir: str) -> dict:
             out.update(_micro_graphed_decoder(codec, codes, "_cudnn_benchmark" if bench else ""))
         torch.backends.cudnn.benchmark = False
         return out
+    if os.environ.get("MICRO_DECODER", "all") == "dtypes":  # only the decoder per dtype
+        return _micro_decoder_dtypes(model_dir, "dtypes")
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     ms = _time_cuda(lambda x=x, y=y: y.copy_(x), iters=10)
@@ -175,14 +177,17 @@ def micro(model_dir: str) -> dict:
     # per codebook step (15), the projection each step.
     step_weight_b = talker_b + head_b + text_proj_b + 15 * (cp_layers_b + cp_head_b + proj_b)
     out["weights_bytes_per_step"] = step_weight_b
-    cache = _SlotCache(tc.num_hidden_layers, 65, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
-                       model.device)  # 64 slots + the stepper's scratch slot
+    cache = _SlotCache(tc.num_hidden_layers, 129, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
+                       model.device)  # 128 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    variants = [(True, True), (True, False)] + ([(False, True)] if os.environ.get("MICRO_EAGER", "0") == "1" else [])
-    for graphs, kernels in variants:  # (CUDA graphs, Triton decode kernels)
+    # (CUDA graphs, Triton decode kernels, the rows they run at)
+    variants = [(True, True, (1, 4, 16, 64, 128)), (True, False, (1, 4, 16, 64))]
+    if os.environ.get("MICRO_EAGER", "0") == "1":
+        variants.append((False, True, (1, 4, 16, 64)))
+    for graphs, kernels, sizes in variants:
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
         name = ("graph" if graphs else "eager") + ("" if kernels else "_torch")
-        for b in (1, 4, 16, 64):
+        for b in sizes:
             st.active[:b] = True
             st.pos[:b] = 150
             st.pos[b:] = 0
@@ -223,11 +228,21 @@ def micro(model_dir: str) -> dict:
 
     if os.environ.get("MICRO_DECODER", "all") == "none":
         return out
-    # codec decoder
+    out.update(_micro_decoder_dtypes(model_dir, os.environ.get("MICRO_DECODER", "all")))
+    return out
+
+
+def _micro_decoder_dtypes(model_dir: str, which: str) -> dict:
+    """The streaming decoder (eager) per dtype: 25-frame chunks at 1, 16, 64 streams, first chunks, and each
+    dtype's error against strict fp32 (`which`: "tf32" times only fp32 with TF32, plus the graphed decoder)."""
+    from streamvox.models.qwen3_tts.code2wav import Code2Wav
+
+    out: dict = {}
     st_dir = os.path.join(model_dir, "speech_tokenizer")
     wav = {}
-    kinds = (("fp32-strict", torch.float32, False), ("fp32-tf32", torch.float32, True), ("bf16", torch.bfloat16, True))
-    if os.environ.get("MICRO_DECODER", "all") == "tf32":
+    kinds = (("fp32-strict", torch.float32, False), ("fp32-tf32", torch.float32, True), ("bf16", torch.bfloat16, True),
+             ("fp16", torch.float16, True))
+    if which == "tf32":
         kinds = kinds[1:2]
     for name, dtype, tf32 in kinds:
         torch.backends.cudnn.allow_tf32 = tf32
@@ -263,17 +278,17 @@ def micro(model_dir: str) -> dict:
                 ms = _time_cuda(call, iters=10, warm=2)
                 out[f"decoder_{name}_b{b}_{f}frames_first_ms"] = ms
                 log(f"# decoder {name} B={b} first chunk of {f} frames: {ms:.2f} ms")
-        if dtype == torch.float32 and tf32:
+        if dtype == torch.float32 and tf32 and which != "dtypes":
             out.update(_micro_graphed_decoder(codec, codes))
         del codec
         torch.cuda.empty_cache()
-    if len(kinds) < 3:
+    if which == "tf32":  # no strict-fp32 reference to compare with
         torch.backends.cudnn.allow_tf32 = True
         return out
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = wav["fp32-strict"]
-    for name in ("fp32-tf32", "bf16"):
+    for name in ("fp32-tf32", "bf16", "fp16"):
         err = float((wav[name] - ref).norm() / ref.norm())
         out[f"decoder_{name}_rel_err_vs_fp32"] = err
         log(f"# decoder {name} vs strict fp32: relative L2 error {err:.2e} (SNR {-20 * np.log10(err + 1e-30):.1f} dB)")
@@ -382,7 +397,8 @@ def _kernel_sequence(prof, title: str) -> dict:
 
 
 def profile(model_dir: str) -> dict:
-    """Top CUDA kernels of one eager frame step (B=1) and one 60-position prefill."""
+    """Top CUDA kernels of one eager frame step (B=1, 16, 64 with the Triton kernels; B=64 with the torch
+    layers) and one 60-position prefill."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -399,20 +415,23 @@ def profile(model_dir: str) -> dict:
     ms = _time_cuda(lambda: lin(xin), iters=20)
     log(f"# one up_proj GEMV ({tuple(lin.weight.shape)}): {ms * 1000:.1f} us "
         f"(bound {lin.weight.numel() * 2 / COPY_TBS * 1e6:.1f} us)")
-    cache = _SlotCache(tc.num_hidden_layers, 17, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
+    cache = _SlotCache(tc.num_hidden_layers, 65, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
                        model.device)
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False)
     tables: dict = {}
-    for b in (1, 16):
-        st.active[:b] = True
-        for _ in range(3):
-            st.step(b, 256)
-        torch.cuda.synchronize()
-        with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            st.step(b, 256)
+    for kernels, sizes in ((True, (1, 16, 64)), (False, (64,))):
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False, use_kernels=kernels)
+        layers = "Triton kernels" if kernels else "torch layers"
+        for b in sizes:
+            st.active[:b] = True
+            for _ in range(3):
+                st.step(b, 256)
             torch.cuda.synchronize()
-        tables[f"frame_step_b{b}"] = _kernel_sequence(prof, f"frame step B={b} (eager, Triton kernels)")
+            with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                st.step(b, 256)
+                torch.cuda.synchronize()
+            key = f"frame_step_b{b}" + ("" if kernels else "_torch")
+            tables[key] = _kernel_sequence(prof, f"frame step B={b} (eager, {layers})")
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
     model.talker.model.run(emb, pos, _PrefillView(cache, 0))

@@ -70,6 +70,30 @@ def linear_cases() -> None:
         close(f"linear float16 to float32 m={m}", got, (x.half().float() @ w.half().float().T).half().float(), 1e-2)
 
 
+def cublas_cases() -> None:
+    """From CUBLAS_MIN_ROWS rows, `linear` is a cuBLAS GEMM between a Triton RMSNorm and SwiGLU: the same
+    fusions, the same results."""
+    dk.CUBLAS_MIN_ROWS = 1
+    try:
+        for m, k, n in ((1, 96, 80), (20, 64, 130)):
+            x, w = torch.randn(m, k), torch.randn(n, k) / 10
+            nw, res, bias = torch.rand(k) + 0.5, torch.randn(m, n), torch.randn(n)
+            close(f"cuBLAS linear+norm+residual m={m}", dk.linear(x, w, norm=nw, eps=EPS, residual=res),
+                  rms(x, nw) @ w.T + res)
+            g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
+            close(f"cuBLAS linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
+            close(f"cuBLAS linear+bias m={m}", dk.linear(x, w, bias=bias), x @ w.T + bias)
+            got = dk.linear(x.half(), w.half(), out_dtype=torch.float32)
+            assert got.dtype == torch.float32
+            want = (x.half().float() @ w.half().float().T).half().float()
+            close(f"cuBLAS linear float16 to float32 m={m}", got, want, 1e-2)
+        close("rms_norm", dk.rms_norm(x, nw, EPS), rms(x, nw))
+        gu = torch.randn(5, 2 * 1500)  # more columns than one program's block
+        close("swiglu_rows", dk.swiglu_rows(gu), F.silu(gu[:, :1500]) * gu[:, 1500:])
+    finally:
+        dk.CUBLAS_MIN_ROWS = 1 << 20
+
+
 def attention_cases() -> None:
     heads, kv_heads, hd, slots, length = 4, 2, 12, 3, 10  # head_dim not a power of two, as the tiny predictor
     qn, kn = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
@@ -109,14 +133,18 @@ def frame_step_case(ckpt: str) -> None:
     """Four rows (one inactive, prompts of different lengths): the frame step's codes with the kernels
     equal those of its torch layers, its hidden states within float32 rounding; with the kernels, both
     ways between predictor passes: the fused select GEMM (a linear projection) and the torch argmax and
-    lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped)."""
+    lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped); and with
+    the GEMMs of rows >= 2 in cuBLAS (CUBLAS_MIN_ROWS)."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     cp = model.talker.code_predictor
     linear_proj = cp.small_to_mtp_projection
     results = []
-    for kernels, wrapped in ((False, False), (True, False), (True, True)):
+    variants = ((False, False, "torch layers"), (True, False, "fused select"), (True, True, "torch select"),
+                (True, False, "cuBLAS GEMMs"))
+    for kernels, wrapped, name in variants:
         cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
+        dk.CUBLAS_MIN_ROWS = 2 if name == "cuBLAS GEMMs" else 1 << 20
         torch.manual_seed(0)
         cache = _SlotCache(tc.num_hidden_layers, 5, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
                            model.device)
@@ -134,7 +162,7 @@ def frame_step_case(ckpt: str) -> None:
             frames.append(st.frames[:4].clone())
         results.append((torch.stack(frames), st.hidden[:4].clone(), st.pos[:4].clone()))
     f0, h0, p0 = results[0]
-    for name, (f1, h1, p1) in zip(("fused select", "torch select"), results[1:], strict=True):
+    for (*_, name), (f1, h1, p1) in zip(variants[1:], results[1:], strict=True):
         assert torch.equal(f0, f1), f"{name}: codes differ:\n{f0}\n{f1}"
         assert torch.equal(p0, p1)
         close(f"frame step hidden states ({name})", h1, h0, 1e-4)
@@ -143,7 +171,9 @@ def frame_step_case(ckpt: str) -> None:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
+    dk.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
     linear_cases()
+    cublas_cases()
     attention_cases()
     frame_step_case(str(build_tiny_checkpoint(sys.argv[1], "custom_voice")))
     print("ok")

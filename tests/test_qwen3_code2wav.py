@@ -10,7 +10,8 @@ import pytest
 import torch
 from qwen3_tiny_codec import TINY_DECODER_CONFIG, build_tiny_speech_tokenizer
 
-from streamvox.models.qwen3_tts.code2wav import Code2Wav, StreamState
+from streamvox.models.qwen3_tts.code2wav import Code2Wav, StreamState, agreement_db
+from streamvox.models.qwen3_tts.runner import FLOAT16_MIN_DB, _load_codec
 
 SPF = 1920
 TOL = 1e-4
@@ -199,3 +200,18 @@ def test_model_dir_and_bf16(tok_dir: Path, tmp_path: Path) -> None:
     assert torch.isfinite(b).all()
     corr = torch.corrcoef(torch.stack([a, b]))[0, 1]
     assert corr > 0.9, corr
+
+
+def test_float16_agreement_and_the_auto_choice(tok_dir: Path, model: Code2Wav) -> None:
+    """`agreement_db` ranks dtypes as their precision does (float16 closer to float32 than bfloat16), says
+    -inf when float16 overflows, and the runner's "auto" decoder takes float16 only where it agrees (on
+    CUDA; on the CPU it stays float32)."""
+    half = Code2Wav.from_pretrained(tok_dir, dtype=torch.float16)
+    bf16 = Code2Wav.from_pretrained(tok_dir, dtype=torch.bfloat16)
+    db16, db_bf16 = agreement_db(model, half), agreement_db(model, bf16)
+    assert db16 > db_bf16 + 10 and db16 > FLOAT16_MIN_DB, (db16, db_bf16)
+    with torch.no_grad():
+        half.decoder.pre_conv.conv.weight.mul_(1e4)  # activations past float16's range
+    assert agreement_db(model, half) == float("-inf")
+    assert _load_codec(tok_dir, "cpu", "auto").decoder.pre_conv.conv.weight.dtype == torch.float32
+    assert _load_codec(tok_dir, "cpu", "float16").decoder.pre_conv.conv.weight.dtype == torch.float16

@@ -28,7 +28,8 @@ def _codes(seed: int, t: int) -> torch.Tensor:
 
 
 def test_frame_buckets() -> None:
-    assert frame_buckets(25) == (1, 2, 4, 8, 16, 25)
+    assert frame_buckets(25) == (1, 2, 4, 8, 12, 16, 20, 24, 25)
+    assert frame_buckets(16) == (1, 2, 4, 8, 12, 16)
     assert frame_buckets(2) == (1, 2)
     assert frame_buckets(1) == (1,)
 

@@ -715,3 +715,19 @@ class Code2Wav(nn.Module):
                 st.set_batch(step.tails_out, r, len(rows))
                 outs[i] = wav[r, : lens[r] * spf]
         return [o for o in outs if o is not None]
+
+
+@torch.inference_mode()
+def agreement_db(reference: Code2Wav, other: Code2Wav, rows: int = 2, frames: int = 50) -> float:
+    """How closely `other` (the same weights in another dtype) decodes as `reference`: the signal-to-error
+    ratio in dB of its waveforms for `rows` x `frames` seeded random codes, -inf if any sample is not
+    finite (an overflow). Random codes draw on the same codebook vectors as speech, so they exercise the
+    checkpoint's own activation ranges."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, reference.cfg.codebook_size, (rows, reference.num_quantizers, frames), generator=g)
+    want = reference.decode(codes).float()
+    got = other.decode(codes).float()
+    if not bool(torch.isfinite(got).all()):
+        return float("-inf")
+    err = float((got - want).norm() / want.norm())
+    return math.inf if err == 0 else -20 * math.log10(err)

@@ -39,11 +39,13 @@ CALL_COST_FRAMES = 46
 
 
 def frame_buckets(max_frames: int) -> tuple[int, ...]:
-    """Powers of two below `max_frames`, then `max_frames` (1, 2, 4, 8, 16, 25 for 25)."""
+    """1, 2, 4, 8, then every 4 frames below `max_frames`, then `max_frames` (1, 2, 4, 8, 12, 16, 20, 24, 25
+    for 25): the chunk schedule's sizes (1, 2, 4, 8, 16, then the largest), and a request's last chunk,
+    which can be any size, padded by at most 3 frames past 8."""
     out, n = [], 1
     while n < max_frames:
         out.append(n)
-        n *= 2
+        n += n if n < 8 else 4
     return (*out, max_frames)
 
 

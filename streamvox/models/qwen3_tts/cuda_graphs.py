@@ -19,12 +19,14 @@ eagerly (that is how CI tests this path). The step never synchronises with the h
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
 Hundreds of small dependent kernels, not the bytes they read, bound this step: the 15 sequential
-predictor passes are most of it. A step of at most KERNEL_MAX_ROWS rows runs each layer as five or six
-Triton launches (`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA), and
-the predictor's passes as Triton launches only (`_predict_rows`). Larger steps, and prefill, run each layer
-as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated weights, q/k norms, RoPE;
-`_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with `torch.compile` on CUDA
-(dynamic batch). The concatenated weights are copies (about the talker's layer weights again in memory).
+predictor passes are most of it. The step runs each layer as five or six Triton launches
+(`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA; from
+`decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between them), and the predictor's
+passes as such launches only (`_predict_rows`). Without the kernels (`KERNEL_MAX_ROWS`), and in
+prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
+weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
+`torch.compile` on CUDA (dynamic batch). The concatenated weights are copies (about the talker's layer
+weights again in memory).
 """
 
 from __future__ import annotations
@@ -164,9 +166,10 @@ WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
 PREFILL_MAX_LEN = 512
 PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
-# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B: 28% faster at 1-16
-# rows; with them at 64 rows too, serving 64 streams measured the same as with the torch layers)
-KERNEL_MAX_ROWS = 16
+# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B, graph of one step: 4.3
+# vs 6.2 ms for the torch layers at 1 row, 4.9 vs 7.1 at 16, and 6.7 vs 7.8 at 64, where the GEMMs are
+# cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
+KERNEL_MAX_ROWS = ROW_BUCKETS[-1]
 
 
 def row_bucket(n: int, max_rows: int) -> int:
@@ -206,6 +209,7 @@ class FrameStepper:
         use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
         fns = _compiled_fns(use_compile)
         kernels = _decode_kernels(dev, use_kernels)
+        self.kernel_max_rows = int(os.environ.get("STREAMVOX_QWEN3_KERNEL_MAX_ROWS", KERNEL_MAX_ROWS))
         self.tstack = _FusedStack(self.talker.model, fns, kernels)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
         self._row_index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -246,7 +250,7 @@ class FrameStepper:
 
     @property
     def kernels(self) -> bool:
-        """Whether frame steps of at most KERNEL_MAX_ROWS rows run the Triton decode kernels."""
+        """Whether frame steps of at most `kernel_max_rows` rows run the Triton decode kernels."""
         return self.tstack.kernels is not None
 
     # ------------------------------------------------------------------ host-side helpers (no sync)
@@ -406,7 +410,7 @@ class FrameStepper:
         hidden = self.hidden[s]
         # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
         x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
-        kernels = self.kernels and rows <= KERNEL_MAX_ROWS
+        kernels = self.kernels and rows <= self.kernel_max_rows
         frames = self.frames[s]
         frames[:, 0] = first
         if kernels:

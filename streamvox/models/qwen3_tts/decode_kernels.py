@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rope_attend"]
+__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rms_norm", "rope_attend", "swiglu_rows"]
 
 
 @triton.jit
@@ -160,6 +160,11 @@ def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int,
     return bm, 32, 128, 4, 5 if bm <= 32 else 3, 4
 
 
+# From this many rows on, `linear` runs its GEMM in cuBLAS (torch.mm / addmm), with the norm and SwiGLU as
+# separate Triton launches: in a 64-row frame step on the H200 this file's GEMM kernel took 13.2 us per
+# launch on average, cuBLAS's kernels in the torch layers' step about 7 (`gpu_bench.py --profile`).
+CUBLAS_MIN_ROWS = 32
+
 _counters: dict[torch.device, torch.Tensor] = {}
 MAX_TILES = 4096  # split-K tiles (row blocks x column blocks) of one launch
 
@@ -187,6 +192,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     assert x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == k
     assert not (swiglu and bias is not None) and (select is None) == (tokens is None)
+    if m >= CUBLAS_MIN_ROWS and select is None:
+        return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     bm, bn, bk, warps, stages, split = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
@@ -208,6 +215,67 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
         eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, BIAS=bias is not None,
         SELECT=select is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256,
         num_warps=warps, num_stages=stages)
+    return out
+
+
+def _linear_cublas(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, eps: float, swiglu: bool,
+                   residual: torch.Tensor | None, bias: torch.Tensor | None,
+                   out_dtype: torch.dtype | None) -> torch.Tensor:
+    """`linear` for many rows: the GEMM in cuBLAS (the residual added in the same call by addmm), the norm
+    and SwiGLU in one launch each."""
+    h = rms_norm(x, norm, eps) if norm is not None else x
+    if residual is not None:
+        out = torch.addmm(residual if bias is None else residual + bias, h, w.t())
+    else:
+        out = torch.nn.functional.linear(h, w, bias)
+    if swiglu:
+        out = swiglu_rows(out)
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BK: tl.constexpr):
+    m = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    sq = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        xk = tl.load(x_ptr + m * stride_x + kk, mask=kk < K, other=0.0).to(tl.float32)
+        sq += xk * xk
+    inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        xk = tl.load(x_ptr + m * stride_x + kk, mask=kk < K, other=0.0).to(tl.float32)
+        wn = tl.load(w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        # as RMSNorm: normalise in float32, round, then scale by the weight
+        tl.store(out_ptr + m * stride_o + kk, ((xk * inv).to(dt).to(tl.float32) * wn).to(dt), mask=kk < K)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of `x` `[M, K]` with weight `w` `[K]`, rounded as the torch layers round it."""
+    assert x.stride(1) == 1
+    out = torch.empty_like(x)
+    _rms_norm_kernel[(x.shape[0],)](x, w, out, x.shape[1], x.stride(0), out.stride(0), eps, BK=1024, num_warps=4)
+    return out
+
+
+@triton.jit
+def _swiglu_kernel(gu_ptr, out_ptr, N, stride_g, stride_o, BN: tl.constexpr):
+    m = tl.program_id(0)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = rn < N
+    dt = gu_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + m * stride_g + rn, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + m * stride_g + N + rn, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_o + rn, ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u).to(dt), mask=ok)
+
+
+def swiglu_rows(gu: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` of `gu` `[M, 2N]` (gate columns, then up), rounded as the torch layers round it."""
+    m, n = gu.shape[0], gu.shape[1] // 2
+    assert gu.stride(1) == 1
+    out = torch.empty(m, n, dtype=gu.dtype, device=gu.device)
+    _swiglu_kernel[(m, triton.cdiv(n, 1024))](gu, out, n, gu.stride(0), out.stride(0), BN=1024, num_warps=4)
     return out
 
 

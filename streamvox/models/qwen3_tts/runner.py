@@ -22,9 +22,11 @@ state in slot buffers): first chunks decode on the AR stream, which has high pri
 a low-priority decoder stream; PCM reaches pinned memory asynchronously, so decoding overlaps the next AR
 steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
 benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
-`STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
+`STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_KERNEL_MAX_ROWS` (the
+largest frame step on the Triton decode kernels, default all), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
 (attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
-`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype, default float32), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
+`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype: float32, float16, bfloat16, or by default auto: float16 on
+CUDA if it decodes as float32 does on the checkpoint, see `_load_codec`), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
 prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
 SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1` (the plain `Code2Wav` decoder on CUDA / the slot
 decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host and GPU time per step phase,
@@ -36,6 +38,7 @@ its `_Request` and is dropped on finish, failure or `release`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -48,7 +51,7 @@ import torch
 
 from streamvox.engine.request import SpeechRequest
 from streamvox.models.base import ModelInfo, OutputSink, RequestError
-from streamvox.models.qwen3_tts.code2wav import Code2Wav
+from streamvox.models.qwen3_tts.code2wav import Code2Wav, agreement_db
 from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, row_bucket, width_bucket
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel, VoiceSpec
@@ -57,6 +60,8 @@ from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetitio
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.step_timing import StepTiming
 from streamvox.models.qwen3_tts.text import IncrementalText
+
+log = logging.getLogger(__name__)
 
 TASK_ALIASES = {
     "custom_voice": "custom_voice", "customvoice": "custom_voice", "custom": "custom_voice",
@@ -916,10 +921,8 @@ def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: 
     model = Qwen3TTSModel.from_pretrained(model_path, device=device, dtype=dtype)
     assert model.model_dir is not None
     st_dir = model.model_dir / "speech_tokenizer"
-    # The codec decoder runs in float32 unless STREAMVOX_QWEN3_CODEC_DTYPE names another dtype
-    # (benchmarks/gpu_bench.py measures the error of bfloat16 against float32).
-    codec_dtype = getattr(torch, os.environ.get("STREAMVOX_QWEN3_CODEC_DTYPE", "float32"))
-    codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, codec_dtype)
+    codec = kwargs.pop("codec", None) or _load_codec(st_dir, device, os.environ.get("STREAMVOX_QWEN3_CODEC_DTYPE",
+                                                                                      "auto"))
     ref_enc = kwargs.pop("reference_encoder", None) or _load_reference_encoder(st_dir, device)
     # A repo id names the model better than its snapshot directory (a commit hash).
     given = Path(model_path)
@@ -927,14 +930,30 @@ def load_runner(model_path: str | os.PathLike[str], device: str = "cpu", dtype: 
     return Qwen3TTSRunner(model, codec, reference_encoder=ref_enc, name=name, **kwargs)
 
 
-def _load_codec(st_dir: Path, device: str, dtype: torch.dtype) -> StreamingCodec | None:
+# The codec decoder's dtype ("auto": see _load_codec) and, for "auto" on CUDA, how closely float16 must decode
+# as float32 on the served checkpoint. On the H200 (random 1.7B-shape weights, gpu_bench.py --micro): TF32
+# convolutions 60 dB against strict float32, float16 54 dB, bfloat16 36 dB; float16 served 64 streams
+# 11% faster than float32.
+FLOAT16_MIN_DB = 45.0
+
+
+def _load_codec(st_dir: Path, device: str, dtype: str) -> StreamingCodec | None:
+    """The speech tokenizer's decoder in `dtype` (a torch dtype's name, or "auto": float32, and on CUDA
+    float16 instead when it decodes as float32 does to FLOAT16_MIN_DB on this checkpoint's weights)."""
     if not (st_dir / "config.json").exists():
         return None
-    try:
-        from streamvox.models.qwen3_tts.code2wav import Code2Wav  # the codec helper's module
-    except ImportError:
-        return None
-    return Code2Wav.from_pretrained(st_dir, device=device, dtype=dtype)
+    if dtype != "auto":
+        return Code2Wav.from_pretrained(st_dir, device=device, dtype=getattr(torch, dtype))
+    codec = Code2Wav.from_pretrained(st_dir, device=device, dtype=torch.float32)
+    if torch.device(device).type != "cuda":
+        return codec
+    half = Code2Wav.from_pretrained(st_dir, device=device, dtype=torch.float16)
+    db = agreement_db(codec, half)
+    if db < FLOAT16_MIN_DB:
+        log.warning("codec decoder: float16 decodes %.1f dB from float32 (< %.0f dB): float32", db, FLOAT16_MIN_DB)
+        return codec
+    log.info("codec decoder: float16 (%.1f dB from float32)", db)
+    return half
 
 
 def _load_reference_encoder(st_dir: Path, device: str) -> ReferenceEncoder | None:
