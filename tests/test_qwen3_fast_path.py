@@ -13,8 +13,9 @@ from qwen3_harness import FrameLog, RecordingSink, drain
 from qwen3_tiny import build_tiny_checkpoint
 
 from streamvox.engine.request import SamplingParams, SpeechRequest
+from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel
-from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
+from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner, _SlotCache
 
 TEXTS = [
     "Hello world, this is a test.",
@@ -75,6 +76,36 @@ def test_fast_path_equals_eager(model, monkeypatch, streaming: bool) -> None:
     fast, done_f = _run(model, monkeypatch, "1", streaming)
     assert done_e == done_f
     assert eager == fast
+
+
+def _fused_parts(layer) -> dict[str, tuple[torch.nn.Linear, ...]]:
+    a, m = layer.self_attn, layer.mlp
+    return {"w_qkv": (a.q_proj, a.k_proj, a.v_proj), "w_gu": (m.gate_proj, m.up_proj)}
+
+
+def test_fused_weights_are_the_layers_own(model) -> None:
+    """The stepper's concatenated q/k/v and gate/up weights are the layers' parameters themselves (views of
+    one tensor, no second copy in memory), and the layers compute as before."""
+    tc = model.cfg.talker
+    layers = [*model.talker.model.layers, *model.talker.code_predictor.model.layers]
+    xs = [torch.randn(3, layer.self_attn.q_proj.in_features) for layer in layers]
+
+    def outputs() -> list[torch.Tensor]:
+        return [lin(x) for layer, x in zip(layers, xs, strict=True) for part in _fused_parts(layer).values()
+                for lin in part]
+
+    before = outputs()
+    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 16, tc.head_dim, model.dtype, model.device)
+    st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                      use_graphs=False)
+    for layer, fused in zip(layers, st.tstack.layers + st.pstack.layers, strict=True):
+        for name, part in _fused_parts(layer).items():
+            offset = 0
+            for lin in part:
+                assert lin.weight.data_ptr() == fused[name][offset].data_ptr()
+                offset += lin.out_features
+            assert offset == fused[name].shape[0]
+    assert all(torch.equal(b, a) for b, a in zip(before, outputs(), strict=True))
 
 
 def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:

@@ -25,8 +25,7 @@ predictor passes are most of it. The step runs each layer as five or six Triton 
 passes as such launches only (`_predict_rows`). Without the kernels (`KERNEL_MAX_ROWS`), and in
 prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
 weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
-`torch.compile` on CUDA (dynamic batch). The concatenated weights are copies (about the talker's layer
-weights again in memory).
+`torch.compile` on CUDA (dynamic batch).
 """
 
 from __future__ import annotations
@@ -72,8 +71,19 @@ def _post_attn(x, attn, w_o, w_ln2, w_gu, w_down, eps: float, inter: int):
     return x + F.linear(F.silu(g) * u, w_down)
 
 
+@torch.no_grad()
+def _concat_in_place(linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """The linears' weights concatenated along the output dimension, each weight then re-pointed at its
+    rows of the concatenation (the module computes as before; the separate copies are freed)."""
+    fused = torch.cat([lin.weight for lin in linears])
+    for lin, rows in zip(linears, fused.split([lin.weight.shape[0] for lin in linears]), strict=True):
+        lin.weight.data = rows
+    return fused
+
+
 class _FusedStack:
-    """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs)."""
+    """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs). The layers' own
+    q/k/v and gate/up parameters become views of the concatenations, so fusing costs no extra memory."""
 
     def __init__(self, stack, fns, kernels=None) -> None:
         self.layers = []
@@ -82,11 +92,10 @@ class _FusedStack:
             if a.q_proj.bias is not None:
                 raise ValueError("fused stack: attention biases are not supported")
             self.layers.append(dict(
-                w_ln=layer.input_layernorm.weight,
-                w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                w_ln=layer.input_layernorm.weight, w_qkv=_concat_in_place([a.q_proj, a.k_proj, a.v_proj]),
                 w_qn=a.q_norm.weight, w_kn=a.k_norm.weight, w_o=a.o_proj.weight,
-                w_ln2=layer.post_attention_layernorm.weight,
-                w_gu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), w_down=m.down_proj.weight,
+                w_ln2=layer.post_attention_layernorm.weight, w_gu=_concat_in_place([m.gate_proj, m.up_proj]),
+                w_down=m.down_proj.weight,
             ))
         a0 = stack.layers[0].self_attn
         self.eps = stack.layers[0].input_layernorm.eps
