@@ -34,9 +34,12 @@ SHAPES = [
     ("talker.gate_up", 2048, 12288, "swiglu"), ("talker.down", 6144, 2048, "residual"),
     ("talker.codec_head", 2048, 3072, ""),
 ]
-# BN, BK, warps, stages, split (K split over that many programs per tile)
+# BN, BK, warps, stages, split (K split over that many programs per tile): tl.dot tiles, and (up to
+# dk.GEMV_MAX_ROWS rows) the tiles summed without tensor cores
 CONFIGS = [(bn, bk, 8 if bn == 64 else 4, stages, split)
            for bn, bk, stages, split in itertools.product((16, 32, 64), (128, 256), (3, 5), (1, 2, 4))]
+GEMV_CONFIGS = [(bn, bk, warps, 2, split)
+                for bn, bk, warps, split in itertools.product((2, 4, 8, 16), (512, 1024, 2048), (4, 8), (1, 2))]
 REPEAT = 20
 COLD_BYTES = 256 << 20  # weight copies cycled through per timing: more than the L2 holds
 
@@ -125,9 +128,9 @@ def main() -> None:
         ours = cycle(partial(dk.linear, xm, c, **kw) for c in copies)
         t_default = per_launch_ms(ours)
         best = (float("inf"), None)
-        bm = default_config(m, n_out, k, fusion == "swiglu")[0]
-        for bn, bk, warps, stages, split in CONFIGS:
-            dk._linear_config = lambda *_a, c=(bm, bn, bk, warps, stages, split): c
+        bm, *_, dot = default_config(m, n_out, k, fusion == "swiglu")
+        for bn, bk, warps, stages, split in CONFIGS if dot else GEMV_CONFIGS:
+            dk._linear_config = lambda *_a, c=(bm, bn, bk, warps, stages, split, dot): c
             try:
                 t = per_launch_ms(ours)
             except Exception as e:  # out of shared memory / registers for this config
@@ -135,40 +138,49 @@ def main() -> None:
                 continue
             finally:
                 dk._linear_config = default_config
-            best = min(best, (t, (bm, bn, bk, warps, stages, split)), key=lambda b: b[0])
+            best = min(best, (t, (bm, bn, bk, warps, stages, split, dot)), key=lambda b: b[0])
         bound = (n * k * 2 + m * k * 2) / (tbps * 1e12) * 1e3  # weight and input read once
         row = dict(name=name, m=m, n=n, k=k, best_ms=best[0], best_config=best[1], default_ms=t_default,
                    torch_ms=t_torch, bound_ms=bound, rel_err=err)
         results["linear"].append(row)
         print(f"{name:18s} m={m:4d}: best {best[0] * 1e3:6.1f} us {best[1]}, default {t_default * 1e3:6.1f} us, "
               f"torch {t_torch * 1e3:6.1f} us, bound {bound * 1e3:5.1f} us, rel err {err:.1e}", flush=True)
-    # attention: predictor (17 positions, 16/8 heads) and talker contexts
+    # attention, one new position per cache slot: rope_attend (norms, RoPE, cache write and attention in one
+    # launch) per (BL, warps), against qk_norm_rope_store + SDPA over the slot's positions; the predictor's
+    # 17-position cache, and the talker's at a few context lengths (why the talker attends with SDPA)
     attention_cases = [] if args.no_attention else itertools.product(
-        [(17, 1), (17, 128), (200, 1), (200, 64), (1000, 1), (1000, 64)], (16, 32, 64), (1, 2, 4))
-    for (ctx, m), bl, warps in attention_cases:
-        heads, kvh, hd = HEADS, KV_HEADS, HEAD_DIM
-        kc = torch.randn(m, kvh, 1024, hd, dtype=torch.bfloat16, device=dev)
+        [(17, 17, 1), (17, 17, 64), (1024, 200, 1), (1024, 200, 16), (1024, 200, 64), (1024, 1000, 1),
+         (1024, 1000, 64)], (16, 32, 64, 128), (1, 2, 4, 8))
+    default_attend = dk._attend_config
+    for (length, ctx, m), bl, warps in attention_cases:
+        kvh, hd = KV_HEADS, HEAD_DIM
+        kc = torch.randn(m, kvh, length, hd, dtype=torch.bfloat16, device=dev)
         vc = torch.randn_like(kc)
-        q = torch.randn(m, heads, hd, dtype=torch.bfloat16, device=dev)
+        qkv = torch.randn(m, (HEADS + 2 * kvh) * hd, dtype=torch.bfloat16, device=dev)
+        qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
+        inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
         slot = torch.arange(m, device=dev)
         pos = torch.full((m,), ctx - 1, device=dev)
+        args_ = (qkv, qn, kn, inv_freq, kc, vc, slot, pos)
+        dk._attend_config = lambda *_a, c=(bl, warps): c
+        try:
+            t = per_launch_ms(partial(dk.rope_attend, *args_, HEADS, 1e-6))
+            got = dk.rope_attend(*args_, HEADS, 1e-6)
+        finally:
+            dk._attend_config = default_attend
 
-        def run(bl=bl, warps=warps, q=q, kc=kc, vc=vc, slot=slot, pos=pos, m=m):
-            out = torch.empty(m, HEADS * HEAD_DIM, dtype=q.dtype, device=dev)
-            dk._decode_attention_kernel[(m, KV_HEADS)](
-                q, kc, vc, slot, pos, out, kc.stride(0), kc.stride(1), kc.stride(2), HEAD_DIM**-0.5, NH=HEADS,
-                REP=HEADS // KV_HEADS, HD=HEAD_DIM, BH=HEAD_DIM // 2, BL=bl, num_warps=warps)
-            return out
+        def unfused(a=args_, m=m, ctx=ctx):
+            q = dk.qk_norm_rope_store(*a, HEADS, KV_HEADS, 1e-6)
+            o = F.scaled_dot_product_attention(q[:, :, None], a[4][:, :, :ctx], a[5][:, :, :ctx], enable_gqa=True)
+            return o.reshape(m, -1)
 
-        t = per_launch_ms(run)
-        qs = q[:, :, None]
-        sdpa = partial(F.scaled_dot_product_attention, qs, kc[:, :, :ctx], vc[:, :, :ctx], enable_gqa=True)
-        t_sdpa = per_launch_ms(sdpa)
-        ref = sdpa()
-        err = float((run().float() - ref.reshape(m, -1).float()).norm() / ref.float().norm())
-        results["attention"].append(dict(ctx=ctx, m=m, bl=bl, warps=warps, ms=t, sdpa_ms=t_sdpa, rel_err=err))
-        print(f"attention ctx={ctx:5d} m={m:4d} BL={bl:3d} warps={warps}: {t * 1e3:6.1f} us "
-              f"(sdpa {t_sdpa * 1e3:6.1f} us), rel err {err:.1e}", flush=True)
+        t_sdpa = per_launch_ms(unfused)
+        ref = unfused().float()
+        err = float((got.float() - ref).norm() / ref.norm())
+        results["attention"].append(dict(cache=length, ctx=ctx, m=m, bl=bl, warps=warps, ms=t, sdpa_ms=t_sdpa,
+                                         rel_err=err))
+        print(f"rope_attend cache={length:5d} ctx={ctx:5d} m={m:4d} BL={bl:3d} warps={warps}: {t * 1e3:6.1f} us "
+              f"(store + sdpa {t_sdpa * 1e3:6.1f} us), rel err {err:.1e}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=1)

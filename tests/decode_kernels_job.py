@@ -46,18 +46,21 @@ def linear_cases() -> None:
             g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
             close(f"linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
         default_config = dk._linear_config
-        dk._linear_config = lambda *_a: (16, 16, 32, 4, 1, 3)  # split-K: three programs per tile
-        try:
-            want = rms(x, nw) @ w.T + res
-            for _ in range(2):  # the tile counters are back at zero for the second launch
-                close(f"split-K linear+norm+residual m={m}", dk.linear(x, w, norm=nw, eps=EPS, residual=res), want)
-                assert not dk._tile_counters(x.device).any()
-            if n % 2 == 0:
-                g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
-                close(f"split-K linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True),
-                      F.silu(g) * u)
-        finally:
-            dk._linear_config = default_config
+        # split-K, three programs per tile: tl.dot tiles, and the narrow tiles summed without tensor cores
+        for config in ((16, 16, 32, 4, 1, 3, True), (4, 8, 32, 4, 1, 3, False)):
+            dk._linear_config = lambda *_a, c=config: c
+            try:
+                want = rms(x, nw) @ w.T + res
+                for _ in range(2):  # the tile counters are back at zero for the second launch
+                    close(f"split-K {config} linear+norm+residual m={m}",
+                          dk.linear(x, w, norm=nw, eps=EPS, residual=res), want)
+                    assert not dk._tile_counters(x.device).any()
+                if n % 2 == 0:
+                    g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
+                    close(f"split-K {config} linear+norm+swiglu m={m}",
+                          dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
+            finally:
+                dk._linear_config = default_config
         bias, table = torch.randn(n), torch.randn(300, k)
         scores = torch.randn(m, 300)
         scores[0, 7] = scores[0, 290] = float(scores[0].max()) + 1  # a tie: the first maximum wins
@@ -95,10 +98,13 @@ def cublas_cases() -> None:
 
 
 def attention_cases() -> None:
-    heads, kv_heads, hd, slots, length = 4, 2, 12, 3, 10  # head_dim not a power of two, as the tiny predictor
+    heads, kv_heads, hd, slots = 4, 2, 12, 3  # head_dim not a power of two, as the tiny predictor
     qn, kn = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
     inv_freq = rope_inv_freq(hd, 10000.0)
-    for slot, pos, fused in (([0, 2, 2, 1], [3, 0, 1, 7], False), ([2, 0, 1], [5, 0, 9], True)):
+    # (slots, positions, cache length, one launch): a predictor-sized cache (one block of positions) and
+    # a talker-sized one (several blocks; 139 positions: not a whole number of them)
+    for slot, pos, length, fused in (([0, 2, 2, 1], [3, 0, 1, 7], 10, False), ([2, 0, 1], [5, 0, 9], 10, True),
+                                     ([1, 2, 0], [139, 0, 64], 150, True)):
         slot, pos = torch.tensor(slot), torch.tensor(pos)
         m = len(slot)
         qkv = torch.randn(m, (heads + 2 * kv_heads) * hd)

@@ -12,12 +12,16 @@ each one gets its weight streaming, not by the step's total bytes. Here a layer 
 6. `linear(mlp, W_down, residual=x)`.
 
 `rope_attend` does 2 and 3 in one launch when no two rows share a cache slot (the code predictor's
-single-position passes). The talker attends with SDPA instead of 3 (`cuda_graphs._FusedStack.layer_rows`):
-`decode_attention` walks a row's keys in one program, which suits the predictor's <= 17 positions only.
+single-position passes), the new key and value kept in registers. The talker attends with SDPA instead
+of 3 (`cuda_graphs._FusedStack.layer_rows`): these kernels walk a row's keys in one program, which suits
+the predictor's <= 17 positions only (at 200 positions `rope_attend` took 21 us, the cache write and
+SDPA 8: tune_decode_kernels.py).
 
-A few rows read each weight once, so a GEMM is fast when enough programs keep enough bytes in flight:
-narrow outputs split the reduction over K across programs (`_linear_config`), and the last program of a
-tile adds the partial sums in a fixed order, so results do not vary from launch to launch. Between code
+A few rows read each weight once, so a GEMM is fast when enough programs keep enough bytes in flight
+(`_linear_config`): for one row, output tiles of 2..8 columns over the whole of K, summed
+without tensor cores; for more rows, tl.dot tiles with narrow outputs splitting the reduction over K
+across programs, the last program of a tile adding the partial sums in a fixed order, so results do not
+vary from launch to launch. Between code
 predictor passes, `linear(select=...)` picks the greedy id from the head's scores and looks up its
 embedding in the GEMM that projects it.
 
@@ -47,11 +51,22 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _mac(acc, xk, wt, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """acc [BM, BN] + xk [BM, BK] @ wt [BN, BK].T: on tensor cores (DOT), or as float32 products summed
+    over BK, which allows output tiles narrower than tl.dot's 16 columns (for one row)."""
+    if DOT:
+        acc += _dot(xk, tl.trans(wt), IEEE)
+    else:
+        acc += tl.sum(xk.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                    KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_o, eps,
                    NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr,
-                   SELECT: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                   SELECT: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -94,11 +109,11 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
             wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             xk = ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
         wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += _dot(xk, tl.trans(wt), IEEE)
+        acc = _mac(acc, xk, wt, DOT, IEEE)
         if SWIGLU:
             wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            acc2 += _dot(xk, tl.trans(wu), IEEE)
+            acc2 = _mac(acc2, xk, wu, DOT, IEEE)
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
         _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o, SWIGLU,
@@ -146,20 +161,29 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, num_warps, num_stages, split) for an `[m, k] x [k, n]` product (`n`: output columns),
-    from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B shapes, weights read from memory as in
-    the frame step. A few rows read each weight once, so what counts is keeping enough bytes in flight:
-    outputs of up to 3072 columns split K four ways (pred.down 5.8 us against 11.2 unsplit), q/k/v
-    two or four ways; the gate/up GEMMs (twice the weight rows) need no split."""
+def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int, int, int, int, bool]:
+    """(BM, BN, BK, num_warps, num_stages, split, dot) for an `[m, k] x [k, n]` product (`n`: output
+    columns), from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B shapes, weights read from memory
+    as in the frame step. A few rows read each weight once, so what counts is keeping enough bytes in
+    flight in enough programs. Up to GEMV_MAX_ROWS rows: no tensor cores (`dot` False), narrow output
+    tiles over the whole of K, no split. More rows (tl.dot tiles are at least 16 wide): outputs of up to
+    3072 columns split K four ways, q/k/v two or four ways; the gate/up GEMMs need no split."""
+    if m <= GEMV_MAX_ROWS:
+        # about 512..1536 programs, each over the whole of K in one or a few blocks; the best measured (BN, BK):
+        # pred.o (2, 2048) 3.9 us, pred.qkv (4, 1024) 5.7, talker.down (2, 2048) 9.6, talker.gate_up (8, 1024) 16.5
+        bn = min(max(_pow2(-(-n // 1024)), 2), 8)
+        return 1, bn, min(_pow2(k), 1024 if swiglu else 2048), 4, 2, 1, False
     bm = min(max(_pow2(m), 16), 64)
     if swiglu:
-        return (bm, 64, 128, 8, 5 if bm == 16 else 3, 1) if n > 4096 else (bm, 32, 256, 4, 3, 1)
+        return (bm, 64, 128, 8, 5 if bm == 16 else 3, 1, True) if n > 4096 else (bm, 32, 256, 4, 3, 1, True)
     if n >= 4096:
-        return bm, 64, 128, 8, 5 if bm <= 32 else 3, 4 if k >= 2048 else 2
-    return bm, 32, 128, 4, 5 if bm <= 32 else 3, 4
+        return bm, 64, 128, 8, 5 if bm <= 32 else 3, 4 if k >= 2048 else 2, True
+    return bm, 32, 128, 4, 5 if bm <= 32 else 3, 4, True
 
 
+# Products of this many rows use the narrow tiles without tensor cores. H200, 1.7B frame-step graph at one row:
+# 3.85 ms against 4.32 with tl.dot tiles; with them up to four rows as well, 5.19 against 4.54 ms at four.
+GEMV_MAX_ROWS = 1
 # From this many rows on, `linear` runs its GEMM in cuBLAS (torch.mm / addmm), with the norm and SwiGLU as
 # separate Triton launches: in a 64-row frame step on the H200 this file's GEMM kernel took 13.2 us per
 # launch on average, cuBLAS's kernels in the torch layers' step about 7 (`gpu_bench.py --profile`).
@@ -195,7 +219,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     if m >= CUBLAS_MIN_ROWS and select is None:
         return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
-    bm, bn, bk, warps, stages, split = _linear_config(m, n, k, swiglu)
+    bm, bn, bk, warps, stages, split, dot = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
         bk //= 2
     ks = triton.cdiv(triton.cdiv(k, split), bk) * bk  # each split a whole number of BK blocks
@@ -213,7 +237,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
         ks, select.shape[1] if select is not None else 0, n, x.stride(0), w.stride(0), res.stride(0),
         select.stride(0) if select is not None else 0, tokens.stride(0) if tokens is not None else 0, out.stride(0),
         eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, BIAS=bias is not None,
-        SELECT=select is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256,
+        SELECT=select is not None, IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256,
         num_warps=warps, num_stages=stages)
     return out
 
@@ -309,29 +333,26 @@ def _store_halves(dst, rows, stride, r, ok, o1, o2, HD: tl.constexpr):
 
 
 @triton.jit
-def _attend(q1, q2, k_ptr, v_ptr, base, n, stride_cl, r, ok, REP: tl.constexpr, HD: tl.constexpr,
-            BH: tl.constexpr, BL: tl.constexpr):
+def _attend(q1, q2, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, acc1, acc2, HD: tl.constexpr,
+            BL: tl.constexpr):
     """Online-softmax attention of query halves `[REP, BH]` (already scaled) over keys/values `[0, n)` at
-    `base + position * stride_cl`; returns the output halves."""
+    `base + position * stride_cl`, continuing from running max `best`, sum `total` and output sums `acc1`,
+    `acc2`; returns the output halves."""
     half: tl.constexpr = HD // 2
-    best = tl.full([REP], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([REP], dtype=tl.float32)
-    acc1 = tl.zeros([REP, BH], dtype=tl.float32)
-    acc2 = tl.zeros([REP, BH], dtype=tl.float32)
     for start in range(0, n, BL):
         rl = start + tl.arange(0, BL)
         mask = (rl < n)[:, None] & ok[None, :]
         offs = base + rl[:, None] * stride_cl + r[None, :]
         k1 = tl.load(k_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         k2 = tl.load(k_ptr + offs + half, mask=mask, other=0.0).to(tl.float32)
+        v1 = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v2 = tl.load(v_ptr + offs + half, mask=mask, other=0.0).to(tl.float32)
         s = tl.sum(q1[:, None, :] * k1[None, :, :], axis=2) + tl.sum(q2[:, None, :] * k2[None, :, :], axis=2)
         s = tl.where((rl < n)[None, :], s, float("-inf"))
         new = tl.maximum(best, tl.max(s, axis=1))
         alpha = tl.exp(best - new)
         p = tl.exp(s - new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        v1 = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        v2 = tl.load(v_ptr + offs + half, mask=mask, other=0.0).to(tl.float32)
         acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1[None, :, :], axis=1)
         acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2[None, :, :], axis=1)
         best = new
@@ -391,29 +412,44 @@ def _rope_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slo
     src = qkv_ptr + m * stride_qkv
     pos = tl.load(pos_ptr + m)
     base = tl.load(slot_ptr + m) * stride_cs + g * stride_ch
-    k1, k2 = _norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
-    _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
-    v1, v2 = _norm_rope(src + (NH + NKV + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
-    _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
-    tl.debug_barrier()  # the key/value just stored is read back below by other threads of this program
     q1, q2 = _norm_rope(src, qn_ptr, inv_freq_ptr, pos, eps, heads, r, ok, HD, True)
-    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, pos + 1, stride_cl, r, ok, REP, HD, BH, BL)
+    q1, q2 = q1 * scale, q2 * scale
+    k1, k2 = _norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
+    v1, v2 = _norm_rope(src + (NH + NKV + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
+    # The new position's key and value stay in registers: the softmax starts from its score, and the
+    # cached positions [0, pos) are read while these are computed, not after they are stored.
+    best = tl.sum(q1 * k1, axis=1) + tl.sum(q2 * k2, axis=1)
+    total = tl.full([REP], 1.0, dtype=tl.float32)
+    acc1 = tl.zeros([REP, BH], dtype=tl.float32) + v1
+    acc2 = tl.zeros([REP, BH], dtype=tl.float32) + v2
+    o1, o2 = _attend(q1, q2, k_ptr, v_ptr, base, pos, stride_cl, r, ok, best, total, acc1, acc2, HD, BL)
+    _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
+    _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
     _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
+
+
+def _attend_config(rows: int) -> tuple[int, int]:
+    """(BL positions per block, num_warps) for `rope_attend` over the code predictor's 17 positions: four
+    warps for a few rows, one for many (H200: 4.7 against 5.2 us at one row, 5.8 against 7.3 at 64;
+    tune_decode_kernels.py)."""
+    return 16, 4 if rows <= 4 else 1
 
 
 def rope_attend(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, heads: int,
                 eps: float) -> torch.Tensor:
     """`qk_norm_rope_store` then `decode_attention` in one launch, for rows whose slots all differ (one
-    new position per cache slot: a program writes its row's key/value and reads them back)."""
+    new position per cache slot): a program attends with its row's new key/value from registers and
+    stores them, so no program reads a position that another one writes."""
     m = qkv.shape[0]
     kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     out = torch.empty(m, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    bl, warps = _attend_config(m)
     _rope_attend_kernel[(m, kv_heads)](
         qkv, q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, out, qkv.stride(0), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), eps, hd**-0.5, NH=heads, NKV=kv_heads, REP=heads // kv_heads, HD=hd,
-        BH=_pow2(hd // 2), BL=16, num_warps=1)
+        BH=_pow2(hd // 2), BL=bl, num_warps=warps)
     return out
 
 
@@ -429,7 +465,11 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, st
     q1, q2 = _norm_rope(q_ptr + m * NH * HD, q_ptr, q_ptr, 0, 0.0, heads, r, ok, HD, False)
     base = tl.load(slot_ptr + m) * stride_cs + g * stride_ch
     n = tl.load(pos_ptr + m) + 1
-    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, REP, HD, BH, BL)
+    best = tl.full([REP], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([REP], dtype=tl.float32)
+    acc1 = tl.zeros([REP, BH], dtype=tl.float32)
+    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, acc1, acc1, HD,
+                     BL)
     _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
 
 
