@@ -175,9 +175,9 @@ WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
 PREFILL_MAX_LEN = 512
 PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
-# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B, graph of one step: 4.3
-# vs 6.2 ms for the torch layers at 1 row, 4.9 vs 7.1 at 16, and 6.7 vs 7.8 at 64, where the GEMMs are
-# cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
+# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B, graph of one step, session
+# 9: 3.85 vs 7.16 ms for the torch layers at 1 row, 4.94 vs 7.71 at 16, and 6.67 vs 8.33 at 64, where the GEMMs
+# are cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
 KERNEL_MAX_ROWS = ROW_BUCKETS[-1]
 
 
