@@ -8,7 +8,9 @@ frame step's graph), divided by 20. The launches cycle through copies of the wei
 them, so every launch reads its weight from memory, not the L2, as in the frame step (where a
 predictor pass reads 160 MB of weights). Prints, per shape and row count, the best configuration, its
 time, the time to read the weight once at the measured copy rate, and the torch time (cuBLAS GEMM plus
-the unfused norm / SwiGLU / residual ops). GPU only.
+the unfused norm / SwiGLU / residual ops); one-row products sweep the narrow tiles summed without tensor
+cores (GEMV_CONFIGS), others the tl.dot tiles (CONFIGS). Then `rope_attend` per block size and warp count
+against the cache write + SDPA it replaces, at the predictor's and the talker's context lengths. GPU only.
 """
 
 from __future__ import annotations
