@@ -155,10 +155,10 @@ def main() -> None:
          (1024, 1000, 64)], (16, 32, 64, 128), (1, 2, 4, 8))
     default_attend = dk._attend_config
     for (length, ctx, m), bl, warps in attention_cases:
-        kvh, hd = KV_HEADS, HEAD_DIM
-        kc = torch.randn(m, kvh, length, hd, dtype=torch.bfloat16, device=dev)
+        hd = HEAD_DIM
+        kc = torch.randn(m, KV_HEADS, length, hd, dtype=torch.bfloat16, device=dev)
         vc = torch.randn_like(kc)
-        qkv = torch.randn(m, (HEADS + 2 * kvh) * hd, dtype=torch.bfloat16, device=dev)
+        qkv = torch.randn(m, (HEADS + 2 * KV_HEADS) * hd, dtype=torch.bfloat16, device=dev)
         qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
         inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
         slot = torch.arange(m, device=dev)

@@ -102,7 +102,7 @@ def attention_cases() -> None:
     qn, kn = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
     inv_freq = rope_inv_freq(hd, 10000.0)
     # (slots, positions, cache length, one launch): a predictor-sized cache (one block of positions) and
-    # a talker-sized one (several blocks; 139 positions: not a whole number of them)
+    # a longer one (several blocks; 139 positions: not a whole number of them)
     for slot, pos, length, fused in (([0, 2, 2, 1], [3, 0, 1, 7], 10, False), ([2, 0, 1], [5, 0, 9], 10, True),
                                      ([1, 2, 0], [139, 0, 64], 150, True)):
         slot, pos = torch.tensor(slot), torch.tensor(pos)

@@ -172,7 +172,7 @@ def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int,
         # about 512..1536 programs, each over the whole of K in one or a few blocks; the best measured (BN, BK):
         # pred.o (2, 2048) 3.9 us, pred.qkv (4, 1024) 5.7, talker.down (2, 2048) 9.6, talker.gate_up (8, 1024) 16.5
         bn = min(max(_pow2(-(-n // 1024)), 2), 8)
-        return 1, bn, min(_pow2(k), 1024 if swiglu else 2048), 4, 2, 1, False
+        return _pow2(m), bn, min(_pow2(k), 1024 if swiglu else 2048), 4, 2, 1, False
     bm = min(max(_pow2(m), 16), 64)
     if swiglu:
         return (bm, 64, 128, 8, 5 if bm == 16 else 3, 1, True) if n > 4096 else (bm, 32, 256, 4, 3, 1, True)
@@ -467,8 +467,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, st
     n = tl.load(pos_ptr + m) + 1
     best = tl.full([REP], float("-inf"), dtype=tl.float32)
     total = tl.zeros([REP], dtype=tl.float32)
-    acc1 = tl.zeros([REP, BH], dtype=tl.float32)
-    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, acc1, acc1, HD,
+    zero = tl.zeros([REP, BH], dtype=tl.float32)  # both output halves start from it
+    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, zero, zero, HD,
                      BL)
     _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
 
