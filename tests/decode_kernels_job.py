@@ -175,11 +175,46 @@ def frame_step_case(ckpt: str) -> None:
     print("frame step: codes identical")
 
 
+def chain_case(ckpt: str) -> None:
+    """One row: the predictor chain (passes 1 .. G-2 in one launch) gives the codes and hidden state of the
+    per-layer kernels, and every phase counted all of its programs done (under the interpreter programs run
+    one after another, so this is what shows the chain's phase layout is the one its waits assume)."""
+    model = Qwen3TTSModel.from_pretrained(ckpt)
+    tc = model.cfg.talker
+    results = []
+    for chain in ("1", "0"):
+        os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"] = chain
+        torch.manual_seed(0)
+        cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
+                           model.device)
+        st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                          use_graphs=False, use_kernels=True)
+        assert (st.chain is not None) == (chain == "1")
+        st.reset_slot(0, 1.1)
+        st.prefill_batch([0], [torch.randn(6, tc.hidden_size)])
+        st.set_inputs([True], [3], 1)
+        st.step(1, 64)
+        results.append((st.frames[:1].clone(), st.hidden[:1].clone(), st.pk[:, 0].clone()))
+        if st.chain is not None:
+            ch = st.chain
+            want = ch.phase_programs()
+            assert ch.sync[0] == ch.programs == sum(want), (ch.sync[0], ch.programs, sum(want))
+            assert ch.sync[1:].tolist() == want, (ch.sync[1:].tolist(), want)
+    del os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"]
+    (f0, h0, k0), (f1, h1, k1) = results
+    assert torch.equal(f0, f1), f"chain: codes differ:\n{f0}\n{f1}"
+    close("chain: hidden state", h0, h1)
+    close("chain: predictor keys/values", k0, k1)
+    print("predictor chain: codes identical")
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     dk.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
     linear_cases()
     cublas_cases()
     attention_cases()
-    frame_step_case(str(build_tiny_checkpoint(sys.argv[1], "custom_voice")))
+    ckpt = str(build_tiny_checkpoint(sys.argv[1], "custom_voice"))
+    frame_step_case(ckpt)
+    chain_case(ckpt)
     print("ok")

@@ -226,6 +226,14 @@ class FrameStepper:
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
         self.pv = torch.zeros_like(self.pk)
+        # One-row steps: predictor passes 1 .. G-2 in one launch (predictor_chain). Opt-in (env =1) until
+        # it has been timed and checked on a GPU: so far it has run under Triton's CPU interpreter only.
+        self.chain = None
+        cp = self.talker.code_predictor
+        if (kernels is not None and isinstance(cp.small_to_mtp_projection, torch.nn.Linear)
+                and os.environ.get("STREAMVOX_QWEN3_PREDICTOR_CHAIN", "0") == "1"):
+            from streamvox.models.qwen3_tts.predictor_chain import PredictorChain
+            self.chain = PredictorChain(self.pstack, cp, self.pk, self.pv)
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
         # persistent state (index = slot)
@@ -510,6 +518,9 @@ class FrameStepper:
         h = dk.linear(h, proj.weight, bias=proj.bias) if fused else proj(h)
         start, n = 0, 2
         for j in range(self.groups - 1):
+            if j == 1 and rows == 1 and fused and self.chain is not None:  # pass 0's select GEMM wrote h
+                self.chain(h, frames)
+                return
             key = (rows, n, start)
             if key not in self._row_index:  # filled by the eager warm-up before a capture
                 self._row_index[key] = (torch.arange(rows, device=self.device).repeat_interleave(n),
@@ -549,7 +560,7 @@ class FrameStepper:
             self._forward(rows, width)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.tstack.kernels = self.pstack.kernels = None
+            self.tstack.kernels = self.pstack.kernels = self.chain = None
             fns = _compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns

@@ -72,18 +72,8 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
     rk = tl.arange(0, BK)
     m_ok = rm < M
     n_ok = rn < N
-    dt = x_ptr.dtype.element_ty
     if SELECT:  # x is a table; row m uses its row argmax(sel[m]) (the first maximum, as torch.argmax)
-        best = tl.full([BM], float("-inf"), dtype=tl.float32)
-        xr = tl.zeros([BM], dtype=tl.int32)
-        for v0 in range(0, V, BV):
-            rv = v0 + tl.arange(0, BV)
-            sv = tl.load(sel_ptr + rm[:, None] * stride_sel + rv[None, :], mask=m_ok[:, None] & (rv < V)[None, :],
-                         other=float("-inf"))
-            top = tl.max(sv, axis=1)
-            better = top > best
-            xr = tl.where(better, tl.argmax(sv, axis=1) + v0, xr)
-            best = tl.where(better, top, best)
+        xr = _argmax_rows(sel_ptr, rm, m_ok, stride_sel, V, BM, BV)
         if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
             tl.store(tok_ptr + rm * stride_tok, xr.to(tl.int64), mask=m_ok)
         xr = xr.to(tl.int64)
@@ -105,9 +95,7 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
         k_ok = kk < K
         xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
-            # as RMSNorm: normalise in float32, round, then scale by the weight
-            wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xk = ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
+            xk = _scale_norm(xk, inv, norm_ptr, kk, k_ok)
         wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _mac(acc, xk, wt, DOT, IEEE)
         if SWIGLU:
@@ -138,6 +126,31 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
             tl.store(tile, 0)  # ready for the next launch
             _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o,
                              SWIGLU, RESIDUAL, BIAS)
+
+
+@triton.jit
+def _argmax_rows(sel_ptr, rm, m_ok, stride_sel, V, BM: tl.constexpr, BV: tl.constexpr):
+    """Each row's argmax of its scores `sel[m, :V]` (the first maximum, as torch.argmax), int32 `[BM]`."""
+    best = tl.full([BM], float("-inf"), dtype=tl.float32)
+    xr = tl.zeros([BM], dtype=tl.int32)
+    for v0 in range(0, V, BV):
+        rv = v0 + tl.arange(0, BV)
+        sv = tl.load(sel_ptr + rm[:, None] * stride_sel + rv[None, :], mask=m_ok[:, None] & (rv < V)[None, :],
+                     other=float("-inf"))
+        top = tl.max(sv, axis=1)
+        better = top > best
+        xr = tl.where(better, tl.argmax(sv, axis=1) + v0, xr)
+        best = tl.where(better, top, best)
+    return xr
+
+
+@triton.jit
+def _scale_norm(xk, inv, norm_ptr, kk, k_ok):
+    """RMSNorm of the columns `kk` of rows `xk` `[BM, BK]` with reciprocal RMS `inv` `[BM]`, as the torch
+    layers do it: normalise in float32, round, then scale by the weight."""
+    dt = xk.dtype
+    wn = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    return ((xk.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32) * wn[None, :]).to(dt)
 
 
 @triton.jit
@@ -404,14 +417,22 @@ def _rope_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slo
                         NKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr,
                         BL: tl.constexpr):
     m = tl.program_id(0)
-    g = tl.program_id(1)  # key/value head; query heads g*REP .. g*REP+REP-1 share it
+    _rope_attend_row(tl.program_id(1), tl.load(slot_ptr + m), tl.load(pos_ptr + m), qkv_ptr + m * stride_qkv,
+                     qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, out_ptr + m * NH * HD, stride_cs, stride_ch, stride_cl,
+                     eps, scale, NH, NKV, REP, HD, BH, BL)
+
+
+@triton.jit
+def _rope_attend_row(g, slot, pos, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, out_ptr, stride_cs,
+                     stride_ch, stride_cl, eps, scale, NH: tl.constexpr, NKV: tl.constexpr, REP: tl.constexpr,
+                     HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr):
+    """`rope_attend` of one row (q/k/v at `src`, cache slot `slot`, new position `pos`) and key/value head
+    `g`: its query heads' outputs go to `out_ptr` (the row's `[NH * HD]`)."""
     r = tl.arange(0, BH)
     ok = r < HD // 2
     one = tl.arange(0, 1)
     heads = g * REP + tl.arange(0, REP)
-    src = qkv_ptr + m * stride_qkv
-    pos = tl.load(pos_ptr + m)
-    base = tl.load(slot_ptr + m) * stride_cs + g * stride_ch
+    base = slot * stride_cs + g * stride_ch
     q1, q2 = _norm_rope(src, qn_ptr, inv_freq_ptr, pos, eps, heads, r, ok, HD, True)
     q1, q2 = q1 * scale, q2 * scale
     k1, k2 = _norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
@@ -425,7 +446,7 @@ def _rope_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slo
     o1, o2 = _attend(q1, q2, k_ptr, v_ptr, base, pos, stride_cl, r, ok, best, total, acc1, acc2, HD, BL)
     _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
     _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
-    _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
+    _store_halves(out_ptr, heads, HD, r, ok, o1, o2, HD)
 
 
 def _attend_config(rows: int) -> tuple[int, int]:
