@@ -22,7 +22,8 @@ Hundreds of small dependent kernels, not the bytes they read, bound this step: t
 predictor passes are most of it. The step runs each layer as five or six Triton launches
 (`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA; from
 `decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between them), and the predictor's
-passes as such launches only (`_predict_rows`). Without the kernels (`KERNEL_MAX_ROWS`), and in
+passes as such launches only (`_predict_rows`; opt-in, a one-row step's passes 1 .. G-2 as one launch:
+`predictor_chain`). Without the kernels (`KERNEL_MAX_ROWS`), and in
 prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
 weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
 `torch.compile` on CUDA (dynamic batch).
