@@ -1,11 +1,11 @@
 """GPU benchmark for the two-stage Qwen3-TTS pipeline: correctness, step timings, serving, reference.
 
 Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_checkpoint.py):
-  --check      greedy codes of the same requests through: the CUDA graphs (also with the predictor chain),
+  --check      greedy codes of the same requests through: the CUDA graphs (also with the decode chains),
                the same stepper eagerly, the stepper with its torch layers instead of the Triton decode
                kernels, and the original eager runner path (float32 and bfloat16 reported);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (at
-               one row also with the predictor chain) and with the torch layers (MICRO_EAGER=1 adds
+               one row also with the decode chains) and with the torch layers (MICRO_EAGER=1 adds
                eager), prefill, the codec decoder per chunk
                (float32, TF32, bfloat16, float16, each one's error against strict float32;
                MICRO_DECODER=none skips it, =dtypes runs only it, =graphed times only the serving decoder,
@@ -59,7 +59,7 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
     os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
     os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
-    os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"] = "1" if mode == "graph-chain" else "0"
+    os.environ["STREAMVOX_QWEN3_CHAIN"] = "1" if mode == "graph-chain" else "0"
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
     os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
     out: dict[str, list] = {}
@@ -93,7 +93,7 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
 
     res = {}
     # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels;
-    # graph-chain: with the predictor chain (one-row steps)
+    # graph-chain: with both decode chains (one-row steps)
     modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-chain", "graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
@@ -183,15 +183,16 @@ def micro(model_dir: str) -> dict:
     cache = _SlotCache(tc.num_hidden_layers, 129, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)  # 128 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    # (CUDA graphs, Triton decode kernels, predictor chain, the rows they run at)
-    variants = [(True, True, False, (1, 4, 16, 64, 128)), (True, True, True, (1,)),
-                (True, False, False, (1, 4, 16, 64))]
+    # (CUDA graphs, Triton decode kernels, decode chains (STREAMVOX_QWEN3_CHAIN), the rows they run at)
+    variants = [(True, True, "0", (1, 4, 16, 64, 128)), (True, True, "predictor", (1,)), (True, True, "1", (1,)),
+                (True, False, "0", (1, 4, 16, 64))]
     if os.environ.get("MICRO_EAGER", "0") == "1":
-        variants.append((False, True, False, (1, 4, 16, 64)))
+        variants.append((False, True, "0", (1, 4, 16, 64)))
     for graphs, kernels, chain, sizes in variants:
-        os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"] = "1" if chain else "0"
+        os.environ["STREAMVOX_QWEN3_CHAIN"] = chain
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
-        name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + ("_chain" if chain else "")
+        name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + {
+            "0": "", "1": "_chains", "predictor": "_predictor_chain"}[chain]
         for b in sizes:
             st.active[:b] = True
             st.pos[:b] = 150
@@ -207,7 +208,7 @@ def micro(model_dir: str) -> dict:
             log(f"# frame step {name} B={b} width={width}: {ms:.3f} ms "
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
-        if graphs and kernels and not chain:
+        if graphs and kernels and chain == "0":
             # batched prefill (the fast path's, a CUDA graph per bucket): b prompts of 60 positions in one
             # forward, vs one at a time (eager)
             for b in (1, 4, 16, 64):

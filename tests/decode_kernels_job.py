@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
 
+from streamvox.models.qwen3_tts import decode_chain  # noqa: E402
 from streamvox.models.qwen3_tts import decode_kernels as dk  # noqa: E402
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper  # noqa: E402
 from streamvox.models.qwen3_tts.layers import apply_rope, rope_inv_freq  # noqa: E402
@@ -176,36 +177,41 @@ def frame_step_case(ckpt: str) -> None:
 
 
 def chain_case(ckpt: str) -> None:
-    """One row: the predictor chain (passes 1 .. G-2 in one launch) gives the codes and hidden state of the
-    per-layer kernels, and every phase counted all of its programs done (under the interpreter programs run
-    one after another, so this is what shows the chain's phase layout is the one its waits assume)."""
+    """One row: the chains (the predictor's passes 1 .. G-2 in one launch, the talker's layers in another,
+    its attention over 16-position blocks: one full, one holding the new position, two empty) give the codes
+    of the per-layer kernels, their hidden state and caches within float32 rounding, and every phase counted
+    all of its programs done (under the interpreter programs run one after another, so this is what shows a
+    chain's phase layout is the one its waits assume)."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     results = []
     for chain in ("1", "0"):
-        os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"] = chain
+        os.environ["STREAMVOX_QWEN3_CHAIN"] = chain
         torch.manual_seed(0)
         cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
                            model.device)
         st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                           use_graphs=False, use_kernels=True)
-        assert (st.chain is not None) == (chain == "1")
+        assert (st.pchain is not None) == (st.tchain is not None) == (chain == "1")
+        if st.tchain is not None:
+            st.tchain = decode_chain.TalkerChain(st.tstack, cache.k, cache.v, positions_per_split=16)
         st.reset_slot(0, 1.1)
-        st.prefill_batch([0], [torch.randn(6, tc.hidden_size)])
+        st.prefill_batch([0], [torch.randn(20, tc.hidden_size)])
         st.set_inputs([True], [3], 1)
         st.step(1, 64)
-        results.append((st.frames[:1].clone(), st.hidden[:1].clone(), st.pk[:, 0].clone()))
-        if st.chain is not None:
-            ch = st.chain
-            want = ch.phase_programs()
-            assert ch.sync[0] == ch.programs == sum(want), (ch.sync[0], ch.programs, sum(want))
-            assert ch.sync[1:].tolist() == want, (ch.sync[1:].tolist(), want)
-    del os.environ["STREAMVOX_QWEN3_PREDICTOR_CHAIN"]
-    (f0, h0, k0), (f1, h1, k1) = results
-    assert torch.equal(f0, f1), f"chain: codes differ:\n{f0}\n{f1}"
-    close("chain: hidden state", h0, h1)
-    close("chain: predictor keys/values", k0, k1)
-    print("predictor chain: codes identical")
+        results.append((st.frames[:1].clone(), st.hidden[:1].clone(), st.pk[:, 0].clone(), cache.k[:, 0].clone(),
+                        cache.v[:, 0].clone()))
+        for ch, want in ((st.pchain, st.pchain and st.pchain.phase_programs()),
+                         (st.tchain, st.tchain and st.tchain.phase_programs(64))):
+            if ch is not None:
+                assert ch.sync[0] == sum(want) and ch.sync[1:].tolist() == want, (ch.sync.tolist(), want)
+    del os.environ["STREAMVOX_QWEN3_CHAIN"]
+    (f0, *rest0), (f1, *rest1) = results
+    assert torch.equal(f0, f1), f"chains: codes differ:\n{f0}\n{f1}"
+    for name, a, b in zip(("hidden state", "predictor keys", "talker keys", "talker values"), rest0, rest1,
+                          strict=True):
+        close(f"chains: {name}", a, b)
+    print("chains: codes identical")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ Hundreds of small dependent kernels, not the bytes they read, bound this step: t
 predictor passes are most of it. The step runs each layer as five or six Triton launches
 (`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA; from
 `decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between them), and the predictor's
-passes as such launches only (`_predict_rows`; opt-in, a one-row step's passes 1 .. G-2 as one launch:
-`predictor_chain`). Without the kernels (`KERNEL_MAX_ROWS`), and in
+passes as such launches only (`_predict_rows`; opt-in, a one-row step's predictor passes 1 .. G-2 and its
+talker layers as one launch each: `decode_chain`). Without the kernels (`KERNEL_MAX_ROWS`), and in
 prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
 weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
 `torch.compile` on CUDA (dynamic batch).
@@ -227,16 +227,21 @@ class FrameStepper:
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
         self.pv = torch.zeros_like(self.pk)
-        # One-row steps: predictor passes 1 .. G-2 in one launch (predictor_chain). Opt-in (env =1) until
-        # it has been timed and checked on a GPU: so far it has run under Triton's CPU interpreter only.
-        self.chain = None
-        cp = self.talker.code_predictor
-        if (kernels is not None and isinstance(cp.small_to_mtp_projection, torch.nn.Linear)
-                and os.environ.get("STREAMVOX_QWEN3_PREDICTOR_CHAIN", "0") == "1"):
-            from streamvox.models.qwen3_tts.predictor_chain import PredictorChain
-            self.chain = PredictorChain(self.pstack, cp, self.pk, self.pv)
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
+        # One-row steps: the predictor's passes 1 .. G-2 and the talker's layers, each as one launch
+        # (decode_chain). Opt-in, STREAMVOX_QWEN3_CHAIN=predictor, talker or 1 (both), until they have been
+        # timed and checked on a GPU: so far they have run under Triton's CPU interpreter only.
+        self.pchain = self.tchain = None
+        chain = os.environ.get("STREAMVOX_QWEN3_CHAIN", "0")
+        if kernels is not None and chain != "0":
+            from streamvox.models.qwen3_tts import decode_chain
+
+            cp = self.talker.code_predictor
+            if chain in ("1", "predictor") and isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
+                self.pchain = decode_chain.PredictorChain(self.pstack, cp, self.pk, self.pv)
+            if chain in ("1", "talker"):
+                self.tchain = decode_chain.TalkerChain(self.tstack, cache.k, cache.v)
         # persistent state (index = slot)
         self.hidden = torch.zeros(slots, h, dtype=model.dtype, device=dev)
         self.token = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -448,6 +453,10 @@ class FrameStepper:
         ts = self.tstack
         ar_w = torch.arange(width, device=self.device)
         mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
+        if kernels and rows == 1 and self.tchain is not None:
+            self.tchain(x, self.pos, width)  # x becomes the last layer's output
+            self._commit(ts.rms(x, ts.norm_w, ts.norm_eps), s, active, first, hidden)
+            return
         if kernels:
             h, slot = x, self.ar[s]
             for i in range(len(ts.layers)):
@@ -519,8 +528,8 @@ class FrameStepper:
         h = dk.linear(h, proj.weight, bias=proj.bias) if fused else proj(h)
         start, n = 0, 2
         for j in range(self.groups - 1):
-            if j == 1 and rows == 1 and fused and self.chain is not None:  # pass 0's select GEMM wrote h
-                self.chain(h, frames)
+            if j == 1 and rows == 1 and fused and self.pchain is not None:  # pass 0's select GEMM wrote h
+                self.pchain(h, frames)
                 return
             key = (rows, n, start)
             if key not in self._row_index:  # filled by the eager warm-up before a capture
@@ -561,7 +570,7 @@ class FrameStepper:
             self._forward(rows, width)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.tstack.kernels = self.pstack.kernels = self.chain = None
+            self.tstack.kernels = self.pstack.kernels = self.pchain = self.tchain = None
             fns = _compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns

@@ -346,13 +346,13 @@ def _store_halves(dst, rows, stride, r, ok, o1, o2, HD: tl.constexpr):
 
 
 @triton.jit
-def _attend(q1, q2, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, acc1, acc2, HD: tl.constexpr,
+def _attend(q1, q2, k_ptr, v_ptr, base, lo, n, stride_cl, r, ok, best, total, acc1, acc2, HD: tl.constexpr,
             BL: tl.constexpr):
-    """Online-softmax attention of query halves `[REP, BH]` (already scaled) over keys/values `[0, n)` at
+    """Online-softmax attention of query halves `[REP, BH]` (already scaled) over keys/values `[lo, n)` at
     `base + position * stride_cl`, continuing from running max `best`, sum `total` and output sums `acc1`,
-    `acc2`; returns the output halves."""
+    `acc2`; returns them updated (the output is `acc / total`)."""
     half: tl.constexpr = HD // 2
-    for start in range(0, n, BL):
+    for start in range(lo, n, BL):
         rl = start + tl.arange(0, BL)
         mask = (rl < n)[:, None] & ok[None, :]
         offs = base + rl[:, None] * stride_cl + r[None, :]
@@ -369,7 +369,7 @@ def _attend(q1, q2, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, acc1, 
         acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1[None, :, :], axis=1)
         acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2[None, :, :], axis=1)
         best = new
-    return acc1 / total[:, None], acc2 / total[:, None]
+    return best, total, acc1, acc2
 
 
 @triton.jit
@@ -443,7 +443,9 @@ def _rope_attend_row(g, slot, pos, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_p
     total = tl.full([REP], 1.0, dtype=tl.float32)
     acc1 = tl.zeros([REP, BH], dtype=tl.float32) + v1
     acc2 = tl.zeros([REP, BH], dtype=tl.float32) + v2
-    o1, o2 = _attend(q1, q2, k_ptr, v_ptr, base, pos, stride_cl, r, ok, best, total, acc1, acc2, HD, BL)
+    best, total, o1, o2 = _attend(q1, q2, k_ptr, v_ptr, base, 0, pos, stride_cl, r, ok, best, total, acc1, acc2,
+                                  HD, BL)
+    o1, o2 = o1 / total[:, None], o2 / total[:, None]
     _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
     _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
     _store_halves(out_ptr, heads, HD, r, ok, o1, o2, HD)
@@ -489,8 +491,9 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, st
     best = tl.full([REP], float("-inf"), dtype=tl.float32)
     total = tl.zeros([REP], dtype=tl.float32)
     zero = tl.zeros([REP, BH], dtype=tl.float32)  # both output halves start from it
-    o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, n, stride_cl, r, ok, best, total, zero, zero, HD,
-                     BL)
+    best, total, o1, o2 = _attend(q1 * scale, q2 * scale, k_ptr, v_ptr, base, 0, n, stride_cl, r, ok, best, total,
+                                  zero, zero, HD, BL)
+    o1, o2 = o1 / total[:, None], o2 / total[:, None]
     _store_halves(out_ptr + m * NH * HD, heads, HD, r, ok, o1, o2, HD)
 
 
