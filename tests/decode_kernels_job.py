@@ -179,9 +179,9 @@ def frame_step_case(ckpt: str) -> None:
 def chain_case(ckpt: str) -> None:
     """One row: the chains (the predictor's passes 1 .. G-2 in one launch, the talker's layers in another,
     its attention over 16-position blocks: one full, one holding the new position, two empty) give the codes
-    of the per-layer kernels, their hidden state and caches within float32 rounding, and every phase counted
-    all of its programs done (under the interpreter programs run one after another, so this is what shows a
-    chain's phase layout is the one its waits assume)."""
+    of the per-layer kernels, the predictor's keys/values bitwise, the talker's hidden state and cache within
+    float32 rounding, and every phase counted all of its programs done (under the interpreter programs run
+    one after another, so this is what shows a chain's phase layout is the one its waits assume)."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     results = []
@@ -199,17 +199,18 @@ def chain_case(ckpt: str) -> None:
         st.prefill_batch([0], [torch.randn(20, tc.hidden_size)])
         st.set_inputs([True], [3], 1)
         st.step(1, 64)
-        results.append((st.frames[:1].clone(), st.hidden[:1].clone(), st.pk[:, 0].clone(), cache.k[:, 0].clone(),
-                        cache.v[:, 0].clone()))
+        results.append((st.frames[:1].clone(), torch.stack([st.pk[:, 0], st.pv[:, 0]]), st.hidden[:1].clone(),
+                        cache.k[:, 0].clone(), cache.v[:, 0].clone()))
         for ch, want in ((st.pchain, st.pchain and st.pchain.phase_programs()),
                          (st.tchain, st.tchain and st.tchain.phase_programs(64))):
             if ch is not None:
                 assert ch.sync[0] == sum(want) and ch.sync[1:].tolist() == want, (ch.sync.tolist(), want)
     del os.environ["STREAMVOX_QWEN3_CHAIN"]
-    (f0, *rest0), (f1, *rest1) = results
+    (f0, p0, *rest0), (f1, p1, *rest1) = results
     assert torch.equal(f0, f1), f"chains: codes differ:\n{f0}\n{f1}"
-    for name, a, b in zip(("hidden state", "predictor keys", "talker keys", "talker values"), rest0, rest1,
-                          strict=True):
+    # the predictor chain sums as the per-layer kernels do; the talker's split attention differs from SDPA
+    assert torch.equal(p0, p1), "chains: predictor keys/values differ"
+    for name, a, b in zip(("hidden state", "talker keys", "talker values"), rest0, rest1, strict=True):
         close(f"chains: {name}", a, b)
     print("chains: codes identical")
 

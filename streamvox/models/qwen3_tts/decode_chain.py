@@ -285,10 +285,13 @@ def _talker_kernel(h_ptr, qkv_ptr, attn_ptr, mlp_ptr, part_ptr, sync_ptr, wtab, 
     _signal(sync_ptr + 1 + phase)
 
 
-def _tile(n: int, k: int, swiglu: bool, widen: int = 1) -> tuple[int, int]:
-    """(BN, BK) for a one-row `[1, k] x [k, n]` product: `decode_kernels`' one-row tile (times `widen`, for
-    tuning), narrowed until its first K block's weights fit MAX_TILE."""
+def _tile(n: int, k: int, swiglu: bool, element_size: int, widen: int = 1) -> tuple[int, int]:
+    """(BN, BK) for a one-row `[1, k] x [k, n]` product: `decode_kernels.linear`'s one-row tile (K blocks
+    halved in float32, as there; BN times `widen`, for tuning), narrowed until its first K block's weights
+    fit MAX_TILE."""
     _, bn, bk, *_ = dk._linear_config(1, n, k, swiglu)
+    if element_size == 4:
+        bk //= 2
     fit = max(MAX_TILE // (bk * (2 if swiglu else 1)), 1)
     return min(bn * widen, fit), bk
 
@@ -308,8 +311,9 @@ class _Chain:
         h = w.shape[1]
         self.hidden = h
         self.nqkv = (nh + 2 * nkv) * hd
-        tiles = {"QKV": _tile(self.nqkv, h, False, widen), "O": _tile(h, nh * hd, False, widen),
-                 "GU": _tile(inter, h, True, widen), "D": _tile(h, inter, False, widen)}
+        self.element_size, self.widen = w.element_size(), widen
+        tiles = {"QKV": self.tile(self.nqkv, h), "O": self.tile(h, nh * hd), "GU": self.tile(inter, h, True),
+                 "D": self.tile(h, inter)}
         self.tiles = {}  # the kernels' BN_QKV, BK_QKV, BN_O, ...
         for name, (bn, bk) in tiles.items():
             self.tiles |= {f"BN_{name}": bn, f"BK_{name}": bk}
@@ -322,6 +326,10 @@ class _Chain:
         self.qkv = torch.empty(1, self.nqkv, dtype=self.dtype, device=dev)
         self.attn = torch.empty(1, nh * hd, dtype=self.dtype, device=dev)
         self.mlp = torch.empty(1, inter, dtype=self.dtype, device=dev)
+
+    def tile(self, n: int, k: int, swiglu: bool = False) -> tuple[int, int]:
+        """(BN, BK) of this chain's `[1, k] x [k, n]` products."""
+        return _tile(n, k, swiglu, self.element_size, self.widen)
 
     def _table(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
@@ -355,7 +363,7 @@ class PredictorChain(_Chain):
         assert all(t.is_contiguous() and t.dtype == self.dtype for t in tables + [self.proj.weight])
         self.ptab = self._table(tables)
         h, v = self.hidden, self.vocab
-        (bn_head, bk_head), (bn_sel, bk_sel) = _tile(v, h, False, widen), _tile(h, self.talker_hidden, False, widen)
+        (bn_head, bk_head), (bn_sel, bk_sel) = self.tile(v, h), self.tile(h, self.talker_hidden)
         self.tiles.update(BN_HEAD=bn_head, BK_HEAD=bk_head, BN_SEL=bn_sel, BK_SEL=bk_sel)
         self.counts.update(HB=triton.cdiv(v, bn_head), SB=triton.cdiv(h, bn_sel))
         one_pass = self._layer_phases([stack.nkv]) * len(stack.layers) + [self.counts["HB"], self.counts["SB"]]
