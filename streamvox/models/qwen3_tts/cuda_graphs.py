@@ -451,12 +451,12 @@ class FrameStepper:
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
         ts = self.tstack
-        ar_w = torch.arange(width, device=self.device)
-        mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
         if kernels and rows == 1 and self.tchain is not None:
             self.tchain(x, self.pos, width)  # x becomes the last layer's output
             self._commit(ts.rms(x, ts.norm_w, ts.norm_eps), s, active, first, hidden)
             return
+        ar_w = torch.arange(width, device=self.device)
+        mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
         if kernels:
             h, slot = x, self.ar[s]
             for i in range(len(ts.layers)):

@@ -123,23 +123,9 @@ def _attend_split(g, s, pos, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, pa
     if lo <= pos:
         r = tl.arange(0, BH)
         ok = r < HD // 2
-        one = tl.arange(0, 1)
-        heads = g * REP + tl.arange(0, REP)
-        base = g * stride_ch
-        q1, q2 = dk._norm_rope(src, qn_ptr, inv_freq_ptr, pos, eps, heads, r, ok, HD, True)
-        q1, q2 = q1 * scale, q2 * scale
-        k1, k2 = dk._norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
-        v1, v2 = dk._norm_rope(src + (NH + NKV + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
-        mine = pos < lo + BLK
-        best = tl.where(mine, tl.sum(q1 * k1, axis=1) + tl.sum(q2 * k2, axis=1), float("-inf"))
-        total = tl.where(mine, 1.0, 0.0) + tl.zeros([REP], dtype=tl.float32)
-        acc1 = tl.where(mine, v1, 0.0) + tl.zeros([REP, BH], dtype=tl.float32)
-        acc2 = tl.where(mine, v2, 0.0) + tl.zeros([REP, BH], dtype=tl.float32)
-        best, total, acc1, acc2 = dk._attend(q1, q2, k_ptr, v_ptr, base, lo, tl.minimum(lo + BLK, pos), stride_cl,
-                                             r, ok, best, total, acc1, acc2, HD, BL)
-        if mine:
-            dk._store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
-            dk._store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
+        best, total, acc1, acc2 = dk._rope_attend_span(g, 0, pos, lo, lo + BLK, src, qn_ptr, kn_ptr, inv_freq_ptr,
+                                                       k_ptr, v_ptr, 0, stride_ch, stride_cl, eps, scale, NH, NKV,
+                                                       REP, HD, BH, BL)
         part = part_ptr + (g * max_splits + s) * REP * (HD + 2)
         rows = tl.arange(0, REP)
         dk._store_halves(part, rows, HD + 2, r, ok, acc1, acc2, HD)

@@ -430,6 +430,21 @@ def _rope_attend_row(g, slot, pos, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_p
     `g`: its query heads' outputs go to `out_ptr` (the row's `[NH * HD]`)."""
     r = tl.arange(0, BH)
     ok = r < HD // 2
+    _, total, o1, o2 = _rope_attend_span(g, slot, pos, 0, pos + 1, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr,
+                                         stride_cs, stride_ch, stride_cl, eps, scale, NH, NKV, REP, HD, BH, BL)
+    _store_halves(out_ptr, g * REP + tl.arange(0, REP), HD, r, ok, o1 / total[:, None], o2 / total[:, None], HD)
+
+
+@triton.jit
+def _rope_attend_span(g, slot, pos, lo, hi, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, stride_cs, stride_ch,
+                      stride_cl, eps, scale, NH: tl.constexpr, NKV: tl.constexpr, REP: tl.constexpr,
+                      HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr):
+    """Key/value head `g`'s query heads (q/k/v of one row at `src`, new position `pos`, cache slot `slot`)
+    over the positions `[lo, hi)` of `[0, pos]`: the softmax state (max, sum, output sums). When the span
+    holds `pos`, the new key and value come from registers (the softmax starts from their score, and the
+    cached positions are read while these are computed) and are stored in the cache afterwards."""
+    r = tl.arange(0, BH)
+    ok = r < HD // 2
     one = tl.arange(0, 1)
     heads = g * REP + tl.arange(0, REP)
     base = slot * stride_cs + g * stride_ch
@@ -437,18 +452,17 @@ def _rope_attend_row(g, slot, pos, src, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_p
     q1, q2 = q1 * scale, q2 * scale
     k1, k2 = _norm_rope(src + (NH + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, True)
     v1, v2 = _norm_rope(src + (NH + NKV + g) * HD, kn_ptr, inv_freq_ptr, pos, eps, one, r, ok, HD, False)
-    # The new position's key and value stay in registers: the softmax starts from its score, and the
-    # cached positions [0, pos) are read while these are computed, not after they are stored.
-    best = tl.sum(q1 * k1, axis=1) + tl.sum(q2 * k2, axis=1)
-    total = tl.full([REP], 1.0, dtype=tl.float32)
-    acc1 = tl.zeros([REP, BH], dtype=tl.float32) + v1
-    acc2 = tl.zeros([REP, BH], dtype=tl.float32) + v2
-    best, total, o1, o2 = _attend(q1, q2, k_ptr, v_ptr, base, 0, pos, stride_cl, r, ok, best, total, acc1, acc2,
-                                  HD, BL)
-    o1, o2 = o1 / total[:, None], o2 / total[:, None]
-    _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
-    _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
-    _store_halves(out_ptr, heads, HD, r, ok, o1, o2, HD)
+    holds_pos = (lo <= pos) & (pos < hi)
+    best = tl.where(holds_pos, tl.sum(q1 * k1, axis=1) + tl.sum(q2 * k2, axis=1), float("-inf"))
+    total = tl.where(holds_pos, 1.0, 0.0) + tl.zeros([REP], dtype=tl.float32)
+    acc1 = tl.where(holds_pos, v1, 0.0) + tl.zeros([REP, BH], dtype=tl.float32)
+    acc2 = tl.where(holds_pos, v2, 0.0) + tl.zeros([REP, BH], dtype=tl.float32)
+    best, total, acc1, acc2 = _attend(q1, q2, k_ptr, v_ptr, base, lo, tl.minimum(hi, pos), stride_cl, r, ok, best,
+                                      total, acc1, acc2, HD, BL)
+    if holds_pos:
+        _store_halves(k_ptr + base + pos * stride_cl, one, 0, r, ok, k1, k2, HD)
+        _store_halves(v_ptr + base + pos * stride_cl, one, 0, r, ok, v1, v2, HD)
+    return best, total, acc1, acc2
 
 
 def _attend_config(rows: int) -> tuple[int, int]:
