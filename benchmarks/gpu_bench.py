@@ -1,12 +1,14 @@
 """GPU benchmark for the two-stage Qwen3-TTS pipeline: correctness, step timings, serving, reference.
 
 Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_checkpoint.py):
-  --check      greedy codes of the same requests through: the CUDA graphs (also with the decode chains),
-               the same stepper eagerly, the stepper with its torch layers instead of the Triton decode
-               kernels, and the original eager runner path (float32 and bfloat16 reported);
-  --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (at
-               one row also with the decode chains) and with the torch layers (MICRO_EAGER=1 adds
-               eager), prefill, the codec decoder per chunk
+  --check      greedy codes of the same requests through: the CUDA graphs (also with the talker's cache
+               write and SDPA in place of split_attend), the same stepper eagerly, the stepper with its torch
+               layers instead of the Triton decode kernels, and the original eager runner path (float32 and
+               bfloat16 reported);
+  --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (also
+               with the talker's cache write and SDPA in place of split_attend) and with the torch layers
+               (MICRO_EAGER=1 adds eager, MICRO_TORCH=0 leaves the torch layers out), prefill, the codec
+               decoder per chunk
                (float32, TF32, bfloat16, float16, each one's error against strict float32;
                MICRO_DECODER=none skips it, =dtypes runs only it, =graphed times only the serving decoder,
                cuDNN autotuning off and on), measured copy bandwidth, and the memory-bandwidth bound of each;
@@ -59,7 +61,7 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
     os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
     os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
-    os.environ["STREAMVOX_QWEN3_CHAIN"] = "1" if mode == "graph-chain" else "0"
+    os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "0" if mode == "graph-sdpa" else "256"
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
     os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
     out: dict[str, list] = {}
@@ -93,8 +95,8 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
 
     res = {}
     # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels;
-    # graph-chain: with both decode chains (one-row steps)
-    modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-chain", "graph"] if device == "cuda" else [])
+    # graph-sdpa: the talker's attention as a cache write and SDPA instead of split_attend
+    modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-sdpa", "graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
         for n_req in (1, 16):
@@ -183,16 +185,17 @@ def micro(model_dir: str) -> dict:
     cache = _SlotCache(tc.num_hidden_layers, 129, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)  # 128 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    # (CUDA graphs, Triton decode kernels, decode chains (STREAMVOX_QWEN3_CHAIN), the rows they run at)
-    variants = [(True, True, "0", (1, 4, 16, 64, 128)), (True, True, "predictor", (1,)), (True, True, "1", (1,)),
-                (True, False, "0", (1, 4, 16, 64))]
+    # (CUDA graphs, Triton decode kernels, the talker's attention by split_attend, the rows they run at)
+    variants = [(True, True, True, (1, 4, 16, 64, 128)), (True, True, False, (1, 4, 16, 64, 128))]
+    if os.environ.get("MICRO_TORCH", "1") == "1":
+        variants.append((True, False, False, (1, 4, 16, 64)))
     if os.environ.get("MICRO_EAGER", "0") == "1":
-        variants.append((False, True, "0", (1, 4, 16, 64)))
-    for graphs, kernels, chain, sizes in variants:
-        os.environ["STREAMVOX_QWEN3_CHAIN"] = chain
+        variants.append((False, True, True, (1, 4, 16, 64)))
+    for graphs, kernels, split, sizes in variants:
+        os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "256" if split else "0"
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
-        name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + {
-            "0": "", "1": "_chains", "predictor": "_predictor_chain"}[chain]
+        name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + (
+            "_sdpa" if kernels and not split else "")
         for b in sizes:
             st.active[:b] = True
             st.pos[:b] = 150
@@ -208,7 +211,7 @@ def micro(model_dir: str) -> dict:
             log(f"# frame step {name} B={b} width={width}: {ms:.3f} ms "
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
-        if graphs and kernels and chain == "0":
+        if graphs and kernels and split:
             # batched prefill (the fast path's, a CUDA graph per bucket): b prompts of 60 positions in one
             # forward, vs one at a time (eager)
             for b in (1, 4, 16, 64):

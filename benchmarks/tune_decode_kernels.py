@@ -10,7 +10,9 @@ predictor pass reads 160 MB of weights). Prints, per shape and row count, the be
 time, the time to read the weight once at the measured copy rate, and the torch time (cuBLAS GEMM plus
 the unfused norm / SwiGLU / residual ops); one-row products sweep the narrow tiles summed without tensor
 cores (GEMV_CONFIGS), others the tl.dot tiles (CONFIGS). Then `rope_attend` per block size and warp count
-against the cache write + SDPA it replaces, at the predictor's and the talker's context lengths. GPU only.
+against the cache write + SDPA it replaces, at the predictor's and the talker's context lengths.
+`--split-attend`: only the talker's `split_attend` per positions per program and inner block, against the
+cache write + SDPA over the step's width masked to each row's position (as the frame step did). GPU only.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--no-attention", action="store_true", help="time the GEMMs only")
+    ap.add_argument("--split-attend", action="store_true", help="time the talker's split_attend only")
     ap.add_argument("--repeat", type=int, default=0,
                     help="no tuning: launch each GEMM this many times back to back (its default configuration) "
                          "and count the results bitwise equal to the first (split-K sums in a fixed order)")
@@ -103,7 +106,11 @@ def main() -> None:
     del src, dst
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; copy {tbps:.2f} TB/s (read+write)")
     print(f"# command: {' '.join(sys.argv)}")
-    results = {"gpu": torch.cuda.get_device_name(), "copy_TBps": tbps, "linear": [], "attention": [], "repeat": []}
+    results = {"gpu": torch.cuda.get_device_name(), "copy_TBps": tbps, "linear": [], "attention": [], "repeat": [],
+               "split_attend": []}
+    if args.split_attend:
+        results["split_attend"] = split_attend_sweep(args.rows)
+        args.rows, args.no_attention = [], True
     default_config = dk._linear_config
     for (name, k, n, fusion), m in itertools.product(SHAPES, args.rows):
         copies = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k**0.5
@@ -186,6 +193,48 @@ def main() -> None:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def split_attend_sweep(rows: list[int]) -> list[dict]:
+    """`split_attend` per (positions per program, inner block) against the cache write + SDPA it replaced in
+    the talker, one new position per row at `ctx - 1` in a step of attention width `width`."""
+    dev, hd, out = torch.device("cuda"), HEAD_DIM, []
+    for (ctx, width), m in itertools.product([(151, 256), (601, 768)], rows):
+        kc = torch.randn(m, KV_HEADS, 1024, hd, dtype=torch.bfloat16, device=dev)
+        vc = torch.randn_like(kc)
+        qkv = torch.randn(m, (HEADS + 2 * KV_HEADS) * hd, dtype=torch.bfloat16, device=dev)
+        qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
+        inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
+        slot = torch.arange(m, device=dev)
+        pos = torch.full((m,), ctx - 1, device=dev)
+        args_ = (qkv, qn, kn, inv_freq, kc, vc, slot, pos)
+        mask = (torch.arange(width, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
+
+        def unfused(a=args_, m=m, width=width, mask=mask):
+            q = dk.qk_norm_rope_store(*a, HEADS, KV_HEADS, 1e-6)
+            o = F.scaled_dot_product_attention(q[:, :, None], a[4][:, :, :width], a[5][:, :, :width],
+                                               attn_mask=mask, enable_gqa=True)
+            return o.reshape(m, -1)
+
+        t_sdpa = per_launch_ms(unfused)
+        ref = unfused().float()
+        default = dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK
+        for per_program, block in itertools.product((16, 32, 64, 128), (16, 32, 64)):
+            if block > per_program:
+                continue
+            dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK = per_program, block
+            try:
+                fn = partial(dk.split_attend, *args_, HEADS, 1e-6, width)
+                t = per_launch_ms(fn)
+                err = float((fn().float() - ref).norm() / ref.norm())
+            finally:
+                dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK = default
+            out.append(dict(ctx=ctx, width=width, m=m, positions=per_program, block=block, ms=t, sdpa_ms=t_sdpa,
+                            rel_err=err))
+            print(f"split_attend ctx={ctx:4d} width={width:4d} m={m:3d} positions/program={per_program:3d} "
+                  f"block={block:2d}: {t * 1e3:6.1f} us (store + sdpa {t_sdpa * 1e3:6.1f} us), rel err {err:.1e}",
+                  flush=True)
+    return out
 
 
 if __name__ == "__main__":

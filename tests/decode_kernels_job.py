@@ -17,7 +17,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
 
-from streamvox.models.qwen3_tts import decode_chain  # noqa: E402
 from streamvox.models.qwen3_tts import decode_kernels as dk  # noqa: E402
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper  # noqa: E402
 from streamvox.models.qwen3_tts.layers import apply_rope, rope_inv_freq  # noqa: E402
@@ -102,10 +101,15 @@ def attention_cases() -> None:
     heads, kv_heads, hd, slots = 4, 2, 12, 3  # head_dim not a power of two, as the tiny predictor
     qn, kn = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
     inv_freq = rope_inv_freq(hd, 10000.0)
-    # (slots, positions, cache length, one launch): a predictor-sized cache (one block of positions) and
-    # a longer one (several blocks; 139 positions: not a whole number of them)
-    for slot, pos, length, fused in (([0, 2, 2, 1], [3, 0, 1, 7], 10, False), ([2, 0, 1], [5, 0, 9], 10, True),
-                                     ([1, 2, 0], [139, 0, 64], 150, True)):
+    # (slots, positions, cache length, kernel, split_attend's width and positions per program): a
+    # predictor-sized cache (one block of positions) and a longer one (several blocks; 139 positions: not a
+    # whole number of them); split_attend over one to five blocks, a position at a block's start, and a
+    # free slot's stale position past the width (attends to [0, width), stores nothing)
+    cases = (([0, 2, 2, 1], [3, 0, 1, 7], 10, "decode_attention", 0, 0),
+             ([2, 0, 1], [5, 0, 9], 10, "rope_attend", 0, 0), ([1, 2, 0], [139, 0, 64], 150, "rope_attend", 0, 0),
+             ([2, 0, 1], [5, 0, 9], 10, "split_attend", 10, 4), ([1, 2, 0], [139, 0, 64], 150, "split_attend", 150, 32),
+             ([0, 1], [3, 12], 16, "split_attend", 10, 4))
+    for slot, pos, length, kernel, width, per_program in cases:
         slot, pos = torch.tensor(slot), torch.tensor(pos)
         m = len(slot)
         qkv = torch.randn(m, (heads + 2 * kv_heads) * hd)
@@ -117,38 +121,47 @@ def attention_cases() -> None:
         cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [m, 1, hd]
         q = apply_rope(rms(q.view(m, heads, hd), qn)[:, :, None], cos, sin)[:, :, 0]
         k = apply_rope(rms(k.view(m, kv_heads, hd), kn)[:, :, None], cos, sin)[:, :, 0]
+        seen = []  # each row's attended positions: [0, pos] (or [0, width) past the width)
         for i in range(m):
-            want_k[slot[i], :, pos[i]] = k[i]
-            want_v[slot[i], :, pos[i]] = v.view(m, kv_heads, hd)[i]
+            stale = width and pos[i] >= width
+            if not stale:
+                want_k[slot[i], :, pos[i]] = k[i]
+                want_v[slot[i], :, pos[i]] = v.view(m, kv_heads, hd)[i]
+            seen.append(width if stale else pos[i] + 1)
         want = torch.stack([
-            F.scaled_dot_product_attention(q[i][:, None], want_k[slot[i], :, : pos[i] + 1],
-                                           want_v[slot[i], :, : pos[i] + 1], enable_gqa=True)[:, 0].reshape(-1)
+            F.scaled_dot_product_attention(q[i][:, None], want_k[slot[i], :, : seen[i]],
+                                           want_v[slot[i], :, : seen[i]], enable_gqa=True)[:, 0].reshape(-1)
             for i in range(m)])
-        if fused:
+        if kernel == "split_attend":
+            dk.SPLIT_POSITIONS = per_program
+            out = dk.split_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS, width)
+            assert not dk._tile_counters(out.device).any(), "split_attend left a counter set"
+        elif kernel == "rope_attend":
             out = dk.rope_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS)
         else:
             got_q = dk.qk_norm_rope_store(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, kv_heads, EPS)
             close("q norm + rope", got_q, q)
             out = dk.decode_attention(got_q, kc, vc, slot, pos)
-        name = "rope_attend" if fused else "decode_attention"
-        close(f"{name}: keys in cache", kc, want_k)
-        close(f"{name}: values in cache", vc, want_v)
-        close(name, out, want)
+        close(f"{kernel}: keys in cache", kc, want_k)
+        close(f"{kernel}: values in cache", vc, want_v)
+        close(kernel, out, want)
 
 
 def frame_step_case(ckpt: str) -> None:
     """Four rows (one inactive, prompts of different lengths): the frame step's codes with the kernels
     equal those of its torch layers, its hidden states within float32 rounding; with the kernels, both
     ways between predictor passes: the fused select GEMM (a linear projection) and the torch argmax and
-    lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped); and with
-    the GEMMs of rows >= 2 in cuBLAS (CUBLAS_MIN_ROWS)."""
+    lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped); with
+    the GEMMs of rows >= 2 in cuBLAS (CUBLAS_MIN_ROWS); and with the talker's attention as a cache write and
+    SDPA instead of `split_attend` (here over blocks of 4 positions, so over up to three blocks)."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     cp = model.talker.code_predictor
     linear_proj = cp.small_to_mtp_projection
     results = []
     variants = ((False, False, "torch layers"), (True, False, "fused select"), (True, True, "torch select"),
-                (True, False, "cuBLAS GEMMs"))
+                (True, False, "cuBLAS GEMMs"), (True, False, "talker SDPA"))
+    dk.SPLIT_POSITIONS = 4
     for kernels, wrapped, name in variants:
         cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
         dk.CUBLAS_MIN_ROWS = 2 if name == "cuBLAS GEMMs" else 1 << 20
@@ -158,6 +171,8 @@ def frame_step_case(ckpt: str) -> None:
         st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                           use_graphs=False, use_kernels=kernels)
         assert st.kernels == kernels
+        if name == "talker SDPA":
+            st.split_attend_max_rows = 0
         prompts = torch.randn(3, 7, tc.hidden_size)
         for i in range(3):
             st.reset_slot(i, 1.1)
@@ -176,45 +191,6 @@ def frame_step_case(ckpt: str) -> None:
     print("frame step: codes identical")
 
 
-def chain_case(ckpt: str) -> None:
-    """One row: the chains (the predictor's passes 1 .. G-2 in one launch, the talker's layers in another,
-    its attention over 16-position blocks: one full, one holding the new position, two empty) give the codes
-    of the per-layer kernels, the predictor's keys/values bitwise, the talker's hidden state and cache within
-    float32 rounding, and every phase counted all of its programs done (under the interpreter programs run
-    one after another, so this is what shows a chain's phase layout is the one its waits assume)."""
-    model = Qwen3TTSModel.from_pretrained(ckpt)
-    tc = model.cfg.talker
-    results = []
-    for chain in ("1", "0"):
-        os.environ["STREAMVOX_QWEN3_CHAIN"] = chain
-        torch.manual_seed(0)
-        cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
-                           model.device)
-        st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
-                          use_graphs=False, use_kernels=True)
-        assert (st.pchain is not None) == (st.tchain is not None) == (chain == "1")
-        if st.tchain is not None:
-            st.tchain = decode_chain.TalkerChain(st.tstack, cache.k, cache.v, positions_per_split=16)
-        st.reset_slot(0, 1.1)
-        st.prefill_batch([0], [torch.randn(20, tc.hidden_size)])
-        st.set_inputs([True], [3], 1)
-        st.step(1, 64)
-        results.append((st.frames[:1].clone(), torch.stack([st.pk[:, 0], st.pv[:, 0]]), st.hidden[:1].clone(),
-                        cache.k[:, 0].clone(), cache.v[:, 0].clone()))
-        for ch, want in ((st.pchain, st.pchain and st.pchain.phase_programs()),
-                         (st.tchain, st.tchain and st.tchain.phase_programs(64))):
-            if ch is not None:
-                assert ch.sync[0] == sum(want) and ch.sync[1:].tolist() == want, (ch.sync.tolist(), want)
-    del os.environ["STREAMVOX_QWEN3_CHAIN"]
-    (f0, p0, *rest0), (f1, p1, *rest1) = results
-    assert torch.equal(f0, f1), f"chains: codes differ:\n{f0}\n{f1}"
-    # the predictor chain sums as the per-layer kernels do; the talker's split attention differs from SDPA
-    assert torch.equal(p0, p1), "chains: predictor keys/values differ"
-    for name, a, b in zip(("hidden state", "talker keys", "talker values"), rest0, rest1, strict=True):
-        close(f"chains: {name}", a, b)
-    print("chains: codes identical")
-
-
 if __name__ == "__main__":
     torch.manual_seed(0)
     dk.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
@@ -223,5 +199,4 @@ if __name__ == "__main__":
     attention_cases()
     ckpt = str(build_tiny_checkpoint(sys.argv[1], "custom_voice"))
     frame_step_case(ckpt)
-    chain_case(ckpt)
     print("ok")

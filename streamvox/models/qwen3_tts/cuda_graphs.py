@@ -19,11 +19,11 @@ eagerly (that is how CI tests this path). The step never synchronises with the h
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
 Hundreds of small dependent kernels, not the bytes they read, bound this step: the 15 sequential
-predictor passes are most of it. The step runs each layer as five or six Triton launches
-(`decode_kernels`, `_FusedStack.layer_rows`; the talker's attention stays SDPA; from
-`decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between them), and the predictor's
-passes as such launches only (`_predict_rows`; opt-in, a one-row step's predictor passes 1 .. G-2 and its
-talker layers as one launch each: `decode_chain`). Without the kernels (`KERNEL_MAX_ROWS`), and in
+predictor passes are most of it. The step runs each layer as five Triton launches (`decode_kernels`,
+`_FusedStack.layer_rows`; the talker's attention as `split_attend` up to `SPLIT_ATTEND_MAX_ROWS` rows,
+else a cache write and SDPA; from `decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between
+them), and the predictor's passes as such launches only (`_predict_rows`). Without the kernels
+(`KERNEL_MAX_ROWS`), and in
 prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
 weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
 `torch.compile` on CUDA (dynamic batch).
@@ -116,15 +116,20 @@ class _FusedStack:
                            self.hd)
         return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
 
-    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None, one_per_slot: bool = False):
+    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None, one_per_slot: bool = False,
+                   width: int = 0):
         """One layer over one position per row, `x` `[M, H]`, in six Triton launches (decode_kernels):
         row m's key/value goes to `[slot[m], :, pos[m]]` of this layer's cache `[slots, kv_heads, L, hd]`
         and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
-        in place of `decode_attention` if given). `one_per_slot` (no two rows share a slot): five launches,
-        the cache write and the attention in one."""
+        in place of `decode_attention` if given). No two rows share a slot (`one_per_slot`, or `width`: the
+        positions lie below it): five launches, the cache write and the attention in one (`rope_attend`
+        for short caches, `split_attend` over blocks of positions for long ones)."""
         p, dk = self.layers[i], self.kernels
         qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
-        if one_per_slot:
+        if width:
+            a = dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                                self.eps, width)
+        elif one_per_slot:
             a = dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
                                self.eps)
         else:
@@ -180,6 +185,9 @@ PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at 
 # 9: 3.85 vs 7.16 ms for the torch layers at 1 row, 4.94 vs 7.71 at 16, and 6.67 vs 8.33 at 64, where the GEMMs
 # are cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
 KERNEL_MAX_ROWS = ROW_BUCKETS[-1]
+# Frame steps of at most this many rows attend in the talker with `decode_kernels.split_attend` (one launch)
+# instead of a cache write and SDPA (env STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS for comparisons)
+SPLIT_ATTEND_MAX_ROWS = ROW_BUCKETS[-1]
 
 
 def row_bucket(n: int, max_rows: int) -> int:
@@ -220,6 +228,8 @@ class FrameStepper:
         fns = _compiled_fns(use_compile)
         kernels = _decode_kernels(dev, use_kernels)
         self.kernel_max_rows = int(os.environ.get("STREAMVOX_QWEN3_KERNEL_MAX_ROWS", KERNEL_MAX_ROWS))
+        self.split_attend_max_rows = int(os.environ.get("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS",
+                                                        SPLIT_ATTEND_MAX_ROWS))
         self.tstack = _FusedStack(self.talker.model, fns, kernels)
         self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
         self._row_index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -229,19 +239,6 @@ class FrameStepper:
         self.pv = torch.zeros_like(self.pk)
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
-        # One-row steps: the predictor's passes 1 .. G-2 and the talker's layers, each as one launch
-        # (decode_chain). Opt-in, STREAMVOX_QWEN3_CHAIN=predictor, talker or 1 (both), until they have been
-        # timed and checked on a GPU: so far they have run under Triton's CPU interpreter only.
-        self.pchain = self.tchain = None
-        chain = os.environ.get("STREAMVOX_QWEN3_CHAIN", "0")
-        if kernels is not None and chain != "0":
-            from streamvox.models.qwen3_tts import decode_chain
-
-            cp = self.talker.code_predictor
-            if chain in ("1", "predictor") and isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
-                self.pchain = decode_chain.PredictorChain(self.pstack, cp, self.pk, self.pv)
-            if chain in ("1", "talker"):
-                self.tchain = decode_chain.TalkerChain(self.tstack, cache.k, cache.v)
         # persistent state (index = slot)
         self.hidden = torch.zeros(slots, h, dtype=model.dtype, device=dev)
         self.token = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -451,12 +448,10 @@ class FrameStepper:
         x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
         ts = self.tstack
-        if kernels and rows == 1 and self.tchain is not None:
-            self.tchain(x, self.pos, width)  # x becomes the last layer's output
-            self._commit(ts.rms(x, ts.norm_w, ts.norm_eps), s, active, first, hidden)
-            return
-        ar_w = torch.arange(width, device=self.device)
-        mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
+        split = kernels and rows <= self.split_attend_max_rows
+        if not split:
+            ar_w = torch.arange(width, device=self.device)
+            mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
         if kernels:
             h, slot = x, self.ar[s]
             for i in range(len(ts.layers)):
@@ -467,7 +462,7 @@ class FrameStepper:
                                                        attn_mask=mask, enable_gqa=ts.gqa)
                     return o.reshape(rows, -1)
 
-                h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
+                h = ts.layer_rows(i, h, slot, p, kc, vc, attend, width=width if split else 0)
             self._commit(ts.rms(h, ts.norm_w, ts.norm_eps), s, active, first, hidden)
             return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
@@ -528,9 +523,6 @@ class FrameStepper:
         h = dk.linear(h, proj.weight, bias=proj.bias) if fused else proj(h)
         start, n = 0, 2
         for j in range(self.groups - 1):
-            if j == 1 and rows == 1 and fused and self.pchain is not None:  # pass 0's select GEMM wrote h
-                self.pchain(h, frames)
-                return
             key = (rows, n, start)
             if key not in self._row_index:  # filled by the eager warm-up before a capture
                 self._row_index[key] = (torch.arange(rows, device=self.device).repeat_interleave(n),
@@ -570,7 +562,7 @@ class FrameStepper:
             self._forward(rows, width)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.tstack.kernels = self.pstack.kernels = self.pchain = self.tchain = None
+            self.tstack.kernels = self.pstack.kernels = None
             fns = _compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns

@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rms_norm", "rope_attend", "swiglu_rows"]
+__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rms_norm", "rope_attend", "split_attend",
+           "swiglu_rows"]
 
 
 @triton.jit
@@ -487,6 +488,84 @@ def rope_attend(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, i
         qkv, q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, out, qkv.stride(0), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), eps, hd**-0.5, NH=heads, NKV=kv_heads, REP=heads // kv_heads, HD=hd,
         BH=_pow2(hd // 2), BL=bl, num_warps=warps)
+    return out
+
+
+@triton.jit
+def _split_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, out_ptr, part_ptr,
+                         count_ptr, width, stride_qkv, stride_cs, stride_ch, stride_cl, eps, scale, NH: tl.constexpr,
+                         NKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
+                         BLK: tl.constexpr):
+    m = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)  # this program's block of positions: [s * BLK, (s + 1) * BLK), within [0, width)
+    splits = tl.num_programs(2)
+    pos = tl.load(pos_ptr + m)
+    if s * BLK <= pos:
+        hi = tl.minimum((s + 1) * BLK, width)
+        best, total, acc1, acc2 = _rope_attend_span(g, tl.load(slot_ptr + m), pos, s * BLK, hi,
+                                                    qkv_ptr + m * stride_qkv, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr,
+                                                    v_ptr, stride_cs, stride_ch, stride_cl, eps, scale, NH, NKV, REP,
+                                                    HD, BH, BL)
+        # The softmax state to part_ptr [M, NKV, splits, REP, HD + 2] (output sums, max, sum); the last of the
+        # row's non-empty blocks to finish (a counter per row and key/value head) combines them in block order.
+        r = tl.arange(0, BH)
+        ok = r < HD // 2
+        rows = tl.arange(0, REP)
+        part = part_ptr + (m * NKV + g) * splits * REP * (HD + 2)
+        here = part + s * REP * (HD + 2)
+        _store_halves(here, rows, HD + 2, r, ok, acc1, acc2, HD)
+        tl.store(here + rows * (HD + 2) + HD, best)
+        tl.store(here + rows * (HD + 2) + HD + 1, total)
+        tl.debug_barrier()  # every thread's part is written before the counter says so
+        blocks = tl.minimum(pos // BLK + 1, splits)  # a free slot's old position may lie past the width
+        counter = count_ptr + m * NKV + g
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == blocks - 1:
+            best = tl.full([REP], float("-inf"), dtype=tl.float32)
+            total = tl.zeros([REP], dtype=tl.float32)
+            acc1 = tl.zeros([REP, BH], dtype=tl.float32)
+            acc2 = tl.zeros([REP, BH], dtype=tl.float32)
+            for b in range(0, blocks):
+                blk = part + b * REP * (HD + 2) + rows * (HD + 2)
+                mx = tl.load(blk + HD, cache_modifier=".cg")
+                new = tl.maximum(best, mx)
+                alpha, beta = tl.exp(best - new), tl.exp(mx - new)
+                total = total * alpha + tl.load(blk + HD + 1, cache_modifier=".cg") * beta
+                a1 = tl.load(blk[:, None] + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
+                a2 = tl.load(blk[:, None] + HD // 2 + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
+                acc1 = acc1 * alpha[:, None] + a1 * beta[:, None]
+                acc2 = acc2 * alpha[:, None] + a2 * beta[:, None]
+                best = new
+            tl.store(counter, 0)  # ready for the next launch
+            _store_halves(out_ptr + m * NH * HD, g * REP + rows, HD, r, ok, acc1 / total[:, None],
+                          acc2 / total[:, None], HD)
+
+
+# Positions per program of `split_attend`, and per inner block of it
+SPLIT_POSITIONS = 32
+SPLIT_BLOCK = 16
+
+
+def split_attend(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, heads: int,
+                 eps: float, width: int) -> torch.Tensor:
+    """`rope_attend` for long caches (the talker's), rows in distinct slots at positions below `width`: each
+    program takes one row's key/value head over SPLIT_POSITIONS positions (flash decoding), and the last of
+    a row's programs to finish combines their softmax states, so it is one launch where the cache write and
+    SDPA were two. A row whose position lies past `width` (a free slot's stale one) gets an output over
+    `[0, width)` and stores no key/value."""
+    m = qkv.shape[0]
+    kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
+    rep = heads // kv_heads
+    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert m * kv_heads <= MAX_TILES and width <= k_cache.shape[2]
+    splits = triton.cdiv(width, SPLIT_POSITIONS)
+    out = torch.empty(m, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    part = torch.empty(m, kv_heads, splits, rep, hd + 2, dtype=torch.float32, device=qkv.device)
+    _split_attend_kernel[(m, kv_heads, splits)](
+        qkv, q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, out, part, _tile_counters(qkv.device), width,
+        qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps, hd**-0.5, NH=heads,
+        NKV=kv_heads, REP=rep, HD=hd, BH=_pow2(hd // 2), BL=SPLIT_BLOCK, BLK=SPLIT_POSITIONS, num_warps=4)
     return out
 
 
