@@ -186,8 +186,10 @@ PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at 
 # are cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
 KERNEL_MAX_ROWS = ROW_BUCKETS[-1]
 # Frame steps of at most this many rows attend in the talker with `decode_kernels.split_attend` (one launch)
-# instead of a cache write and SDPA (env STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS for comparisons)
-SPLIT_ATTEND_MAX_ROWS = ROW_BUCKETS[-1]
+# instead of a cache write and SDPA (H200, 1.7B, graph of one step at width 256, session 11: 3.75 vs 3.80 ms at
+# 1 row, 4.41 vs 4.51 at 4, 4.86 vs 4.95 at 16, but 7.25 vs 6.65 at 64; env STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS
+# for comparisons)
+SPLIT_ATTEND_MAX_ROWS = 16
 
 
 def row_bucket(n: int, max_rows: int) -> int:
