@@ -46,7 +46,10 @@ def _serve(args: argparse.Namespace) -> int:
                             ws_per_message_deflate=False)  # compressing base64 audio costs loop time
     server = uvicorn.Server(config)
     app.state.streamvox.request_exit = lambda: setattr(server, "should_exit", True)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT: uvicorn re-raises it once it has shut down gracefully
+        return 0
     exit_code = app.state.streamvox.engine_exit_code
     if exit_code is not None:
         print(f"streamvox: the engine process exited ({exit_code}); exiting for the supervisor", file=sys.stderr)

@@ -57,6 +57,15 @@ def test_killed_engine_turns_health_503_ends_streams_with_error_and_restarts():
     assert response.status_code == 200 and len(response.content) > 1000
 
 
+def test_sigint_shuts_the_server_down_quietly_with_status_0(tmp_path):
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        server = start_server(stderr=stderr)
+        server.stop()  # SIGINT, as Ctrl-C
+    assert server.process.returncode == 0
+    assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
+
+
 def test_exit_on_engine_crash_exits_non_zero():
     server = start_server("--exit-on-engine-crash")
     try:
