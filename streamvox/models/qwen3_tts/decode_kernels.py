@@ -12,10 +12,11 @@ each one gets its weight streaming, not by the step's total bytes. Here a layer 
 6. `linear(mlp, W_down, residual=x)`.
 
 `rope_attend` does 2 and 3 in one launch when no two rows share a cache slot (the code predictor's
-single-position passes), the new key and value kept in registers. The talker attends with SDPA instead
-of 3 (`cuda_graphs._FusedStack.layer_rows`): these kernels walk a row's keys in one program, which suits
-the predictor's <= 17 positions only (at 200 positions `rope_attend` took 21 us, the cache write and
-SDPA 8: tune_decode_kernels.py).
+single-position passes), the new key and value kept in registers; one program walks a row's keys, which
+suits the predictor's <= 17 positions only (at 200 positions it took 21 us, the cache write and SDPA 8).
+`split_attend` does the same for the talker's long caches, its programs each over a block of positions,
+the last of a row's to finish combining their softmax states (flash decoding in one launch); with many rows
+the talker attends with the cache write and SDPA instead (`cuda_graphs.SPLIT_ATTEND_MAX_ROWS`).
 
 A few rows read each weight once, so a GEMM is fast when enough programs keep enough bytes in flight
 (`_linear_config`): for one row, output tiles of 2..8 columns over the whole of K, summed
