@@ -94,7 +94,8 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     return {k: torch.stack(v).cpu() for k, v in out.items()}
 
 
-def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16)) -> dict:
+def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16),
+          requests: tuple = (1, 16)) -> dict:
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
     res = {}
@@ -103,7 +104,7 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
     modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-sdpa", "graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
-        for n_req in (1, 16):
+        for n_req in requests:
             got = {m: _run_frames(model, m, n_req, 40) for m in modes}
             row = {}
             base = got[modes[-1]]
@@ -611,6 +612,7 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--reference-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--check-dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--check-requests", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--clients", nargs="+", choices=["raw", "httpx"], default=["raw", "httpx"],
                     help="HTTP clients that drive --serve, each over every level (default both)")
@@ -636,7 +638,8 @@ def main() -> None:
                 json.dump(results, f, indent=1)
 
     dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
-    parts = [("profile", lambda: profile(args.model)), ("check", lambda: check(args.model, args.device, dtypes)),
+    parts = [("profile", lambda: profile(args.model)),
+             ("check", lambda: check(args.model, args.device, dtypes, tuple(args.check_requests))),
              ("micro", lambda: micro(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
