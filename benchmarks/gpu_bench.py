@@ -6,8 +6,7 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                layers instead of the Triton decode kernels, and the original eager runner path (float32 and
                bfloat16 reported);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (also
-               with the talker's cache write and SDPA in place of split_attend, and at one row with the
-               predictor's q/k/v GEMM and rope_attend in two launches) and with the torch layers
+               with the talker's cache write and SDPA in place of split_attend) and with the torch layers
                (MICRO_EAGER=1 adds eager, MICRO_TORCH=0 leaves the torch layers out), prefill, the codec
                decoder per chunk
                (float32, TF32, bfloat16, float16, each one's error against strict float32;
@@ -62,8 +61,7 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
     os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
     os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
-    os.environ.pop("STREAMVOX_QWEN3_ATTEND_IN_QKV", None)  # the served configuration, but for graph-sdpa
-    os.environ.pop("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS", None)
+    os.environ.pop("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS", None)  # the served configuration, but for graph-sdpa
     if mode == "graph-sdpa":
         os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "0"
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
@@ -190,20 +188,17 @@ def micro(model_dir: str) -> dict:
     cache = _SlotCache(tc.num_hidden_layers, 129, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)  # 128 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
-    # (CUDA graphs, Triton decode kernels, the talker's attention by split_attend, the one-row predictor's
-    # attention in its q/k/v GEMM's launch (linear_attend), the rows they run at)
-    variants = [(True, True, True, True, (1, 4, 16, 64, 128)), (True, True, False, True, (1, 4, 16, 64, 128)),
-                (True, True, True, False, (1,))]
+    # (CUDA graphs, Triton decode kernels, the talker's attention by split_attend, the rows they run at)
+    variants = [(True, True, True, (1, 4, 16, 64, 128)), (True, True, False, (1, 4, 16, 64, 128))]
     if os.environ.get("MICRO_TORCH", "1") == "1":
-        variants.append((True, False, False, False, (1, 4, 16, 64)))
+        variants.append((True, False, False, (1, 4, 16, 64)))
     if os.environ.get("MICRO_EAGER", "0") == "1":
-        variants.append((False, True, True, True, (1, 4, 16, 64)))
-    for graphs, kernels, split, attend_in_qkv, sizes in variants:
+        variants.append((False, True, True, (1, 4, 16, 64)))
+    for graphs, kernels, split, sizes in variants:
         os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "256" if split else "0"
-        os.environ["STREAMVOX_QWEN3_ATTEND_IN_QKV"] = "1" if attend_in_qkv else "0"
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
         name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + (
-            "_sdpa" if kernels and not split else "") + ("_rope_attend" if kernels and not attend_in_qkv else "")
+            "_sdpa" if kernels and not split else "")
         for b in sizes:
             st.active[:b] = True
             st.pos[:b] = 150
@@ -219,7 +214,7 @@ def micro(model_dir: str) -> dict:
             log(f"# frame step {name} B={b} width={width}: {ms:.3f} ms "
                 f"(memory bound {bound_ms:.3f} ms; {b / ms * 1e3:.0f} frames/s)")
             st.pos.zero_()
-        if graphs and kernels and split and attend_in_qkv:
+        if graphs and kernels and split:
             # batched prefill (the fast path's, a CUDA graph per bucket): b prompts of 60 positions in one
             # forward, vs one at a time (eager)
             for b in (1, 4, 16, 64):

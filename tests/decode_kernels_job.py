@@ -145,22 +145,10 @@ def attention_cases() -> None:
         close(f"{kernel}: keys in cache", kc, want_k)
         close(f"{kernel}: values in cache", vc, want_v)
         close(kernel, out, want)
-    # linear_attend: one row's q/k/v GEMM with the attention in its launch, as linear then rope_attend
-    x, w = torch.randn(1, 16), torch.randn((heads + 2 * kv_heads) * hd, 16) / 4
-    nw, slot, pos = torch.rand(16) + 0.5, torch.tensor([2]), torch.tensor([7])
-    kc, vc = torch.randn(slots, kv_heads, 10, hd), torch.randn(slots, kv_heads, 10, hd)
-    caches = [(kc, vc), (kc.clone(), vc.clone())]
-    want = dk.rope_attend(dk.linear(x, w, norm=nw, eps=EPS), qn, kn, inv_freq, *caches[0], slot, pos, heads, EPS)
-    out = dk.linear_attend(x, w, nw, EPS, qn, kn, inv_freq, *caches[1], slot, pos, heads)
-    assert not dk._tile_counters(out.device).any(), "linear_attend left a counter set"
-    assert torch.equal(out, want), "linear_attend: output differs"
-    assert all(torch.equal(a, b) for a, b in zip(*caches, strict=True)), "linear_attend: cache differs"
-    print("linear_attend: as linear then rope_attend")
 
 
 def one_row_case(ckpt: str) -> None:
-    """One row (the one-stream step, its predictor passes through `linear_attend`): a frame step's codes equal
-    those of the torch layers."""
+    """One row (the one-stream step): a frame step's codes equal those of the torch layers."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     results = []
@@ -170,7 +158,6 @@ def one_row_case(ckpt: str) -> None:
                            model.device)
         st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                           use_graphs=False, use_kernels=kernels)
-        assert st.pstack.attend_in_qkv
         st.reset_slot(0, 1.1)
         st.prefill_batch([0], [torch.randn(9, tc.hidden_size)])
         st.set_inputs([True], [3], 1)

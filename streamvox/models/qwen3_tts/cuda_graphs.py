@@ -106,8 +106,6 @@ class _FusedStack:
         self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
         self.pre, self.post, self.rms = fns
         self.kernels = kernels  # the decode_kernels module, or None
-        # one-row layers with one position per slot: attention in the q/k/v GEMM's launch (`linear_attend`)
-        self.attend_in_qkv = os.environ.get("STREAMVOX_QWEN3_ATTEND_IN_QKV", "1") == "1"
         # RoPE angle pos * inv_freq: with one position stream (speech), multimodal RoPE is plain RoPE
         self.inv_freq = stack.rotary.inv_freq.float()
 
@@ -125,30 +123,21 @@ class _FusedStack:
         and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
         in place of `decode_attention` if given). No two rows share a slot (`one_per_slot`, or `width`: the
         positions lie below it): five launches, the cache write and the attention in one (`rope_attend`
-        for short caches, `split_attend` over blocks of positions for long ones); four for one row and short
-        caches (`linear_attend`: the attention in the q/k/v GEMM's launch)."""
+        for short caches, `split_attend` over blocks of positions for long ones)."""
         p, dk = self.layers[i], self.kernels
-        if one_per_slot and x.shape[0] == 1 and self.attend_in_qkv:
-            a = dk.linear_attend(x, p["w_qkv"], p["w_ln"], self.eps, p["w_qn"], p["w_kn"], self.inv_freq, k_cache,
-                                 v_cache, slot, pos, self.nh)
-        else:
-            a = self._attend_rows(p, x, slot, pos, k_cache, v_cache, attend, one_per_slot, width)
-        x = dk.linear(a, p["w_o"], residual=x)
-        return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
-
-    def _attend_rows(self, p: dict, x, slot, pos, k_cache, v_cache, attend, one_per_slot: bool, width: int):
-        """`layer_rows`' q/k/v GEMM and attention as separate launches."""
-        dk = self.kernels
         qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
         if width:
-            return dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                   self.eps, width)
-        if one_per_slot:
-            return dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                  self.eps)
-        q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                  self.nkv, self.eps)
-        return attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
+            a = dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                                self.eps, width)
+        elif one_per_slot:
+            a = dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                               self.eps)
+        else:
+            q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos,
+                                      self.nh, self.nkv, self.eps)
+            a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
+        x = dk.linear(a, p["w_o"], residual=x)
+        return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
 
 
 def _compiled_fns(enabled: bool):

@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_attention", "linear", "linear_attend", "qk_norm_rope_store", "rms_norm", "rope_attend",
-           "split_attend", "swiglu_rows"]
+__all__ = ["decode_attention", "linear", "qk_norm_rope_store", "rms_norm", "rope_attend", "split_attend",
+           "swiglu_rows"]
 
 
 @triton.jit
@@ -66,12 +66,9 @@ def _mac(acc, xk, wt, DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                    KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_o, eps,
-                   attn_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, stride_cs, stride_ch,
-                   stride_cl, scale, NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                   BIAS: tl.constexpr, SELECT: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr,
-                   SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   ATTEND: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr,
-                   BL: tl.constexpr):
+                   NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr,
+                   SELECT: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -111,9 +108,6 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
     if SPLIT == 1:
         _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o, SWIGLU,
                          RESIDUAL, BIAS)
-        if ATTEND:
-            _attend_when_complete(out_ptr, count_ptr, attn_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr,
-                                  pos_ptr, stride_cs, stride_ch, stride_cl, eps, scale, NH, NKV, HD, BN, BH, BL)
     else:
         # Each program leaves its partial sums in part_ptr [SPLIT, 2, M, N]; the last of a tile's SPLIT
         # programs to finish (a counter per tile) adds them in split order, so the result does not
@@ -134,23 +128,6 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
             tl.store(tile, 0)  # ready for the next launch
             _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o,
                              SWIGLU, RESIDUAL, BIAS)
-
-
-@triton.jit
-def _attend_when_complete(qkv_ptr, count_ptr, attn_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr,
-                          stride_cs, stride_ch, stride_cl, eps, scale, NH: tl.constexpr, NKV: tl.constexpr,
-                          HD: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr):
-    """`linear_attend`'s tail, in the program of one q/k/v output tile (one row): the last of the tiles of
-    key/value head g's columns (its query heads', its key's, its value's) to be stored runs `rope_attend` for
-    that head, so the attention needs no launch of its own."""
-    REP: tl.constexpr = NH // NKV
-    c = tl.program_id(1) * BN  # the tile's first column: query heads, then key heads, then value heads
-    g = tl.where(c < NH * HD, c // (REP * HD), (c - NH * HD) % (NKV * HD) // HD)
-    tl.debug_barrier()  # every thread's stores are done before the counter says so
-    if tl.atomic_add(count_ptr + g, 1, sem="acq_rel", scope="gpu") == (REP + 2) * HD // BN - 1:
-        tl.store(count_ptr + g, 0)  # ready for the next launch
-        _rope_attend_row(g, tl.load(slot_ptr), tl.load(pos_ptr), qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr,
-                         attn_ptr, stride_cs, stride_ch, stride_cl, eps, scale, NH, NKV, REP, HD, BH, BL)
 
 
 @triton.jit
@@ -250,36 +227,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     `argmax(select[m])`, which also goes to `tokens` `[M]` (int64, any stride): an embedding lookup of
     the greedy choice, fused into the GEMM that consumes it."""
     m = select.shape[0] if select is not None else x.shape[0]
-    assert (select is None) == (tokens is None)
-    if m >= CUBLAS_MIN_ROWS and select is None:
-        return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
-    return _launch_linear(x, w, norm, eps, swiglu, residual, bias, out_dtype, select, tokens)
-
-
-def linear_attend(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, eps: float, q_norm: torch.Tensor,
-                  k_norm: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
-    """`rope_attend(linear(x, w, norm=norm, eps=eps), ...)` for one row `x` `[1, K]` in one launch: the last
-    program to store a key/value head's q/k/v columns attends for that head (`eps` serves both norms, as in
-    a decoder layer). Returns the attention output `[1, heads * hd]`."""
-    kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
-    assert x.shape[0] == 1 and kv_heads <= MAX_TILES
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    attn = torch.empty(1, heads * hd, dtype=x.dtype, device=x.device)
-    _launch_linear(x, w, norm, eps, False, None, None, None, None, None,
-                   (attn, q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, heads, kv_heads, hd))
-    return attn
-
-
-def _launch_linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, eps: float, swiglu: bool,
-                   residual: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
-                   select: torch.Tensor | None, tokens: torch.Tensor | None, attend: tuple | None = None):
-    """`linear` (and `linear_attend`, given its attention arguments) in this file's GEMM kernel."""
-    m = select.shape[0] if select is not None else x.shape[0]
     k = x.shape[1]
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     assert x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == k
-    assert not (swiglu and bias is not None)
+    assert not (swiglu and bias is not None) and (select is None) == (tokens is None)
+    if m >= CUBLAS_MIN_ROWS and select is None:
+        return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     bm, bn, bk, warps, stages, split, dot = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
@@ -293,20 +246,14 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, 
         part = torch.empty(split, 2, m, n, dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device)
     res = residual if residual is not None else out
-    attn, qn, kn, inv_freq, kc, vc, slot, pos, heads, kv_heads, hd = attend or (out, w, w, w, w, w, w, w, 1, 1, 2)
-    if attend is not None:
-        assert split == 1 and hd % bn == 0 and n == (heads + 2 * kv_heads) * hd
-        counters = _tile_counters(x.device)
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, res, bias if bias is not None else w,
         select if select is not None else out, tokens if tokens is not None else out, out, part, counters, m, n, k,
         ks, select.shape[1] if select is not None else 0, n, x.stride(0), w.stride(0), res.stride(0),
         select.stride(0) if select is not None else 0, tokens.stride(0) if tokens is not None else 0, out.stride(0),
-        eps, attn, qn, kn, inv_freq, kc, vc, slot, pos, kc.stride(0) if attend else 0, kc.stride(1) if attend else 0,
-        kc.stride(2) if attend else 0, hd**-0.5, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
-        BIAS=bias is not None, SELECT=select is not None, IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, BM=bm,
-        BN=bn, BK=bk, BV=256, ATTEND=attend is not None, NH=heads, NKV=kv_heads, HD=hd, BH=_pow2(hd // 2),
-        BL=_attend_config(1)[0], num_warps=warps, num_stages=stages)
+        eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, BIAS=bias is not None,
+        SELECT=select is not None, IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256,
+        num_warps=warps, num_stages=stages)
     return out
 
 
@@ -378,10 +325,8 @@ def _norm_rope(src, w_ptr, inv_freq_ptr, pos, eps, rows, r, ok, HD: tl.constexpr
     half: tl.constexpr = HD // 2
     dt = src.dtype.element_ty
     mask = ok[None, :]
-    # from the L2 (.cg): `linear_attend` reads q/k/v that other programs of its launch stored
-    x1 = tl.load(src + rows[:, None] * HD + r[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    x2 = tl.load(src + rows[:, None] * HD + half + r[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-    x2 = x2.to(tl.float32)
+    x1 = tl.load(src + rows[:, None] * HD + r[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + rows[:, None] * HD + half + r[None, :], mask=mask, other=0.0).to(tl.float32)
     if NORM:
         inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)
         w1 = tl.load(w_ptr + r, mask=ok, other=0.0).to(tl.float32)
