@@ -162,15 +162,7 @@ def main() -> None:
          (1024, 1000, 64)], (16, 32, 64, 128), (1, 2, 4, 8))
     default_attend = dk._attend_config
     for (length, ctx, m), bl, warps in attention_cases:
-        hd = HEAD_DIM
-        kc = torch.randn(m, KV_HEADS, length, hd, dtype=torch.bfloat16, device=dev)
-        vc = torch.randn_like(kc)
-        qkv = torch.randn(m, (HEADS + 2 * KV_HEADS) * hd, dtype=torch.bfloat16, device=dev)
-        qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
-        inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
-        slot = torch.arange(m, device=dev)
-        pos = torch.full((m,), ctx - 1, device=dev)
-        args_ = (qkv, qn, kn, inv_freq, kc, vc, slot, pos)
+        args_ = attention_inputs(m, length, ctx)
         dk._attend_config = lambda *_a, c=(bl, warps): c
         try:
             t = per_launch_ms(partial(dk.rope_attend, *args_, HEADS, 1e-6))
@@ -195,20 +187,26 @@ def main() -> None:
             json.dump(results, f, indent=1)
 
 
+def attention_inputs(m: int, length: int, ctx: int) -> tuple:
+    """Random `rope_attend` arguments (bfloat16): m rows in slots 0..m-1 of a cache of `length` positions, each
+    row's new position `ctx - 1`."""
+    dev, hd = torch.device("cuda"), HEAD_DIM
+    kc = torch.randn(m, KV_HEADS, length, hd, dtype=torch.bfloat16, device=dev)
+    qkv = torch.randn(m, (HEADS + 2 * KV_HEADS) * hd, dtype=torch.bfloat16, device=dev)
+    qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
+    inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
+    slot, pos = torch.arange(m, device=dev), torch.full((m,), ctx - 1, device=dev)
+    return qkv, qn, kn, inv_freq, kc, torch.randn_like(kc), slot, pos
+
+
 def split_attend_sweep(rows: list[int]) -> list[dict]:
     """`split_attend` per (positions per program, inner block) against the cache write + SDPA it replaced in
     the talker, one new position per row at `ctx - 1` in a step of attention width `width`."""
-    dev, hd, out = torch.device("cuda"), HEAD_DIM, []
+    out = []
     for (ctx, width), m in itertools.product([(151, 256), (601, 768)], rows):
-        kc = torch.randn(m, KV_HEADS, 1024, hd, dtype=torch.bfloat16, device=dev)
-        vc = torch.randn_like(kc)
-        qkv = torch.randn(m, (HEADS + 2 * KV_HEADS) * hd, dtype=torch.bfloat16, device=dev)
-        qn, kn = torch.rand(hd, device=dev).to(torch.bfloat16) + 0.5, torch.rand(hd, device=dev).to(torch.bfloat16)
-        inv_freq = 1.0 / 1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
-        slot = torch.arange(m, device=dev)
-        pos = torch.full((m,), ctx - 1, device=dev)
-        args_ = (qkv, qn, kn, inv_freq, kc, vc, slot, pos)
-        mask = (torch.arange(width, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
+        args_ = attention_inputs(m, 1024, ctx)
+        pos = args_[-1]
+        mask = (torch.arange(width, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
 
         def unfused(a=args_, m=m, width=width, mask=mask):
             q = dk.qk_norm_rope_store(*a, HEADS, KV_HEADS, 1e-6)
