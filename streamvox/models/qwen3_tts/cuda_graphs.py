@@ -23,10 +23,9 @@ predictor passes are most of it. The step runs each layer as five Triton launche
 `_FusedStack.layer_rows`; the talker's attention as `split_attend` up to `SPLIT_ATTEND_MAX_ROWS` rows,
 else a cache write and SDPA; from `decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between
 them), and the predictor's passes as such launches only (`_predict_rows`). Without the kernels
-(`KERNEL_MAX_ROWS`), and in
-prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v GEMM over concatenated
-weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM, SwiGLU), compiled with
-`torch.compile` on CUDA (dynamic batch).
+(`KERNEL_MAX_ROWS`), and in prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v
+GEMM over concatenated weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM,
+SwiGLU), compiled with `torch.compile` on CUDA (dynamic batch).
 """
 
 from __future__ import annotations
