@@ -457,13 +457,16 @@ class FrameStepper:
             h, slot = x, self.ar[s]
             for i in range(len(ts.layers)):
                 kc, vc = self.cache.k[i], self.cache.v[i]
+                if split:  # split_attend: the cache write and the attention in one launch
+                    h = ts.layer_rows(i, h, slot, p, kc, vc, width=width)
+                    continue
 
                 def attend(q, kc=kc, vc=vc):
                     o = F.scaled_dot_product_attention(q[:, :, None], kc[:rows, :, :width], vc[:rows, :, :width],
                                                        attn_mask=mask, enable_gqa=ts.gqa)
                     return o.reshape(rows, -1)
 
-                h = ts.layer_rows(i, h, slot, p, kc, vc, attend, width=width if split else 0)
+                h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
             self._commit(ts.rms(h, ts.norm_w, ts.norm_eps), s, active, first, hidden)
             return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]

@@ -522,24 +522,31 @@ def _split_attend_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, sl
         blocks = tl.minimum(pos // BLK + 1, splits)  # a free slot's old position may lie past the width
         counter = count_ptr + m * NKV + g
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == blocks - 1:
-            best = tl.full([REP], float("-inf"), dtype=tl.float32)
-            total = tl.zeros([REP], dtype=tl.float32)
-            acc1 = tl.zeros([REP, BH], dtype=tl.float32)
-            acc2 = tl.zeros([REP, BH], dtype=tl.float32)
-            for b in range(0, blocks):
-                blk = part + b * REP * (HD + 2) + rows * (HD + 2)
-                mx = tl.load(blk + HD, cache_modifier=".cg")
-                new = tl.maximum(best, mx)
-                alpha, beta = tl.exp(best - new), tl.exp(mx - new)
-                total = total * alpha + tl.load(blk + HD + 1, cache_modifier=".cg") * beta
-                a1 = tl.load(blk[:, None] + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
-                a2 = tl.load(blk[:, None] + HD // 2 + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
-                acc1 = acc1 * alpha[:, None] + a1 * beta[:, None]
-                acc2 = acc2 * alpha[:, None] + a2 * beta[:, None]
-                best = new
             tl.store(counter, 0)  # ready for the next launch
-            _store_halves(out_ptr + m * NH * HD, g * REP + rows, HD, r, ok, acc1 / total[:, None],
-                          acc2 / total[:, None], HD)
+            _combine_blocks(part, blocks, out_ptr + m * NH * HD, g, rows, r, ok, REP, HD, BH)
+
+
+@triton.jit
+def _combine_blocks(part, blocks, out_ptr, g, rows, r, ok, REP: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr):
+    """Key/value head `g`'s softmax states of `blocks` blocks of positions (`part` `[blocks, REP, HD + 2]`:
+    output sums, max, sum), combined in block order; its query heads' outputs to `out_ptr` (a row's
+    `[NH * HD]`). Read from the L2 (.cg): other programs of the launch wrote them."""
+    best = tl.full([REP], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([REP], dtype=tl.float32)
+    acc1 = tl.zeros([REP, BH], dtype=tl.float32)
+    acc2 = tl.zeros([REP, BH], dtype=tl.float32)
+    for b in range(0, blocks):
+        blk = part + b * REP * (HD + 2) + rows * (HD + 2)
+        mx = tl.load(blk + HD, cache_modifier=".cg")
+        new = tl.maximum(best, mx)
+        alpha, beta = tl.exp(best - new), tl.exp(mx - new)
+        total = total * alpha + tl.load(blk + HD + 1, cache_modifier=".cg") * beta
+        a1 = tl.load(blk[:, None] + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
+        a2 = tl.load(blk[:, None] + HD // 2 + r[None, :], mask=ok[None, :], other=0.0, cache_modifier=".cg")
+        acc1 = acc1 * alpha[:, None] + a1 * beta[:, None]
+        acc2 = acc2 * alpha[:, None] + a2 * beta[:, None]
+        best = new
+    _store_halves(out_ptr, g * REP + rows, HD, r, ok, acc1 / total[:, None], acc2 / total[:, None], HD)
 
 
 # Positions per program of `split_attend`, and per inner block of it
