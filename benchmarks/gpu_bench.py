@@ -4,7 +4,8 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
   --check      greedy codes of the same requests through: the CUDA graphs (also with the talker's cache
                write and SDPA in place of split_attend), the same stepper eagerly, the stepper with its torch
                layers instead of the Triton decode kernels, and the original eager runner path (float32 and
-               bfloat16 reported);
+               bfloat16 reported); one frame step from the same state, graph against eager, bit for bit; the
+               prefill graph against eager prefill (three prompts and one);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (also
                with the talker's cache write and SDPA in place of split_attend) and with the torch layers
                (MICRO_EAGER=1 adds eager, MICRO_TORCH=0 leaves the torch layers out), prefill, the codec
@@ -53,8 +54,19 @@ def log(*a) -> None:
 # ------------------------------------------------------------------------------------------ check
 
 
-def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
-    """Greedy frames of n_req concurrent requests through a fresh runner in `mode`."""
+class _Sink:
+    def audio(self, *a):
+        pass
+
+    def finished(self, *a):
+        pass
+
+    def failed(self, rid, e):
+        raise RuntimeError(e)
+
+
+def _runner(model, mode: str, n_req: int, frames: int, on_frame=None):
+    """A fresh runner in `mode` with n_req greedy requests added."""
     from streamvox.engine.request import SamplingParams, SpeechRequest
     from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
 
@@ -66,30 +78,55 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
         os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "0"
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
     os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
-    out: dict[str, list] = {}
-    runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024,
-                            on_frame=lambda rid, f: out.setdefault(rid, []).append(f))
-
-    class Sink:
-        def audio(self, *a):
-            pass
-
-        def finished(self, *a):
-            pass
-
-        def failed(self, rid, e):
-            raise RuntimeError(e)
-
+    runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024, on_frame=on_frame)
     words = TEXT.split()
     for i in range(n_req):
         text = " ".join(words[i % 5:] + words[: i % 5])
         runner.add(SpeechRequest(request_id=f"r{i}", text=text, voice=runner.info.voices[i % len(runner.info.voices)],
                                  language="english",
                                  sampling=SamplingParams(temperature=0.0, max_new_tokens=frames)))
-    sink = Sink()
+    return runner
+
+
+def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
+    """Greedy frames of n_req concurrent requests through a fresh runner in `mode`."""
+    out: dict[str, list] = {}
+    runner = _runner(model, mode, n_req, frames, on_frame=lambda rid, f: out.setdefault(rid, []).append(f))
     while runner.has_work():
-        runner.step(sink)
+        runner.step(_Sink())
     return {k: torch.stack(v).cpu() for k, v in out.items()}
+
+
+def _check_step_graph(model, n_req: int) -> dict:
+    """One frame step from the same state (after six engine steps of n_req requests), replayed from its CUDA graph
+    twice and run eagerly twice: whether the four agree bit for bit (frames, hidden states, keys). Unlike
+    the greedy codes compared above, this does not depend on how sensitive random weights are to rounding."""
+    runner = _runner(model, "graph", n_req, 40)
+    for _ in range(6):
+        runner.step(_Sink())
+    torch.cuda.synchronize()
+    st = runner.stepper
+    (rows, width), graph = list(st.graphs.items())[-1]  # the bucket the steps used
+    names = ("hidden", "token", "pos", "count", "seen", "text_ids", "pk", "pv")
+    state = [getattr(st, n) for n in names] + [runner.cache.k, runner.cache.v]
+    saved = [t.clone() for t in state]
+    st.active[:n_req] = True
+    outs = {}
+    for name in ("graph", "eager", "graph again", "eager again"):
+        for t, old in zip(state, saved, strict=True):
+            t.copy_(old)
+        with torch.inference_mode():
+            if name.startswith("graph"):
+                graph.replay()
+            else:
+                st._forward(rows, width)
+        torch.cuda.synchronize()
+        outs[name] = [st.frames[:rows].clone(), st.hidden[:rows].clone(), runner.cache.k[:, :rows].clone()]
+    same = {name: all(torch.equal(a, b) for a, b in zip(outs["graph"], o, strict=True))
+            for name, o in outs.items() if name != "graph"}
+    row = {"rows": rows, "width": width, **{f"{k}_identical_to_graph": v for k, v in same.items()}}
+    log(f"# check {model.dtype} one frame step from the same state, batch {n_req}: {json.dumps(row)}")
+    return row
 
 
 def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16),
@@ -116,7 +153,11 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
             res[f"{str(dtype).split('.')[-1]}_batch{n_req}"] = row
             log(f"# check {dtype} batch {n_req}: {json.dumps(row)}")
         if device == "cuda":
-            res[f"{str(dtype).split('.')[-1]}_prefill"] = _check_prefill_graph(model)
+            name = str(dtype).split('.')[-1]
+            res[f"{name}_prefill"] = _check_prefill_graph(model, (60, 37, 51))
+            res[f"{name}_prefill_one"] = _check_prefill_graph(model, (60,))
+            for n_req in requests:
+                res[f"{name}_step_batch{n_req}"] = _check_step_graph(model, n_req)
         del model
         torch.cuda.empty_cache() if device == "cuda" else None
     if device == "cuda":
@@ -336,15 +377,14 @@ def _micro_graphed_decoder(codec, codes: torch.Tensor, suffix: str = "") -> dict
     return out
 
 
-def _check_prefill_graph(model) -> dict:
-    """The prefill graph (3 prompts of 60, 37 and 51 positions in the (4, 64) bucket, one padded row on the
-    scratch slot) against the same prompts prefilled eagerly without padding: relative error of the last
-    hidden states and of the written keys."""
+def _check_prefill_graph(model, lens: tuple[int, ...]) -> dict:
+    """The prefill graph (prompts of `lens` positions in their (rows, 64) bucket: (60, 37, 51) in (4, 64), one
+    padded row on the scratch slot; (60,) in (1, 64)) against the same prompts prefilled eagerly, padded only
+    to the longest: relative error of the last hidden states and of the written keys."""
     from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
     from streamvox.models.qwen3_tts.runner import _SlotCache
 
     tc = model.cfg.talker
-    lens = (60, 37, 51)
     g = torch.Generator(device="cuda").manual_seed(5)
     embeds = [0.05 * torch.randn(n, tc.hidden_size, generator=g, device="cuda", dtype=model.dtype) for n in lens]
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
@@ -352,15 +392,16 @@ def _check_prefill_graph(model) -> dict:
     for graphs in (False, True):
         cache = _SlotCache(tc.num_hidden_layers, 9, tc.num_key_value_heads, 256, tc.head_dim, model.dtype, model.device)
         st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
-        for s in range(3):
+        slots = list(range(len(lens)))
+        for s in slots:
             st.reset_slot(s, 1.0)
-        st.prefill_batch([0, 1, 2], embeds)
+        st.prefill_batch(slots, embeds)
         keys = torch.cat([cache.k[:, s, :, :n].float().flatten() for s, n in enumerate(lens)])
-        got[graphs] = (st.hidden[:3].float(), keys, st.token[:3].clone())
+        got[graphs] = (st.hidden[:len(lens)].float(), keys, st.token[:len(lens)].clone())
     (h0, k0, t0), (h1, k1, t1) = got[False], got[True]
     row = {"hidden_rel_err": float((h1 - h0).norm() / h0.norm()), "keys_rel_err": float((k1 - k0).norm() / k0.norm()),
-           "same_first_ids": int((t0 == t1).sum()), "rows": 3}
-    log(f"# check {model.dtype} prefill graph vs eager: {json.dumps(row)}")
+           "same_first_ids": int((t0 == t1).sum()), "rows": len(lens)}
+    log(f"# check {model.dtype} prefill graph vs eager, prompts of {lens} positions: {json.dumps(row)}")
     return row
 
 
