@@ -67,9 +67,10 @@ def _tokenizer(out: Path) -> dict[str, int]:
     return ids
 
 
-def tiny_config(task: str, specials: dict[str, int], text_vocab: int, codebook_size: int = CODEBOOK) -> dict:
+def tiny_config(task: str, specials: dict[str, int], text_vocab: int, codebook_size: int = CODEBOOK,
+                predictor_hidden: int = 24) -> dict:
     predictor = dict(
-        vocab_size=codebook_size, hidden_size=24, intermediate_size=48, num_hidden_layers=2,
+        vocab_size=codebook_size, hidden_size=predictor_hidden, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=12, rms_norm_eps=1e-6, rope_theta=10000,
         max_position_embeddings=64, num_code_groups=16, hidden_act="silu", use_sliding_window=False,
     )
@@ -117,16 +118,19 @@ def build_tiny_checkpoint(
     seed: int = 0,
     speech_tokenizer_builder: Callable[[Path], None] | None = None,
     codebook_size: int = CODEBOOK,
+    predictor_hidden: int = 24,
 ) -> Path:
     """Write a tiny random checkpoint for `task` ("custom_voice" | "voice_design" | "base").
 
     `codebook_size` must match the speech tokenizer's when one is built alongside (the codes
-    the talker emits index its codebooks)."""
+    the talker emits index its codebooks). `predictor_hidden`: the code predictor's width; the talker's
+    (32) gives the 0.6B model's layout, whose predictor takes the talker's hidden states without a
+    projection (an identity), while 24 has a linear projection between them, as the 1.7B model."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     specials = _tokenizer(out)
     text_vocab = max(specials.values()) + 1 + 7
-    cfg_dict = tiny_config(task, specials, text_vocab, codebook_size)
+    cfg_dict = tiny_config(task, specials, text_vocab, codebook_size, predictor_hidden)
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=1))
     (out / "generation_config.json").write_text(json.dumps({
         "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,

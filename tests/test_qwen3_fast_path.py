@@ -26,10 +26,15 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Qwen3TTSModel:
-    path = build_tiny_checkpoint(tmp_path_factory.mktemp("fast") / "ckpt", "custom_voice")
-    return Qwen3TTSModel.from_pretrained(path)
+@pytest.fixture(scope="module", params=[24, 32], ids=["projection", "identity"])
+def model(tmp_path_factory, request) -> Qwen3TTSModel:
+    """The 1.7B layout (a linear projection into the code predictor) and the 0.6B one (none: an identity)."""
+    path = build_tiny_checkpoint(tmp_path_factory.mktemp("fast") / "ckpt", "custom_voice",
+                                 predictor_hidden=request.param)
+    model = Qwen3TTSModel.from_pretrained(path)
+    identity = isinstance(model.talker.code_predictor.small_to_mtp_projection, torch.nn.Identity)
+    assert identity == (request.param == 32)
+    return model
 
 
 def _requests(streaming: bool) -> list[SpeechRequest]:
