@@ -139,6 +139,7 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
     modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-sdpa", "graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
+        name = str(dtype).split(".")[-1]
         for n_req in requests:
             got = {m: _run_frames(model, m, n_req, 40) for m in modes}
             row = {}
@@ -150,10 +151,9 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
                                   if (got[m][k] != base[k]).any()), default=None)
                 row[f"{m}_vs_{modes[-1]}"] = {"identical_frames": same, "frames": total,
                                               "first_differing_frame": first_diff}
-            res[f"{str(dtype).split('.')[-1]}_batch{n_req}"] = row
+            res[f"{name}_batch{n_req}"] = row
             log(f"# check {dtype} batch {n_req}: {json.dumps(row)}")
         if device == "cuda":
-            name = str(dtype).split('.')[-1]
             res[f"{name}_prefill"] = _check_prefill_graph(model, (60, 37, 51))
             res[f"{name}_prefill_one"] = _check_prefill_graph(model, (60,))
             for n_req in requests:

@@ -147,6 +147,15 @@ def attention_cases() -> None:
         close(kernel, out, want)
 
 
+def _stepper(model: Qwen3TTSModel, slots: int, kernels: bool) -> FrameStepper:
+    """A float32 frame stepper without graphs over a fresh 64-position cache of `slots` slots."""
+    tc = model.cfg.talker
+    cache = _SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
+                       model.device)
+    return FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                        use_graphs=False, use_kernels=kernels)
+
+
 def one_row_case(ckpt: str) -> None:
     """One row (the one-stream step): a frame step's codes equal those of the torch layers."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
@@ -154,10 +163,7 @@ def one_row_case(ckpt: str) -> None:
     results = []
     for kernels in (False, True):
         torch.manual_seed(0)
-        cache = _SlotCache(tc.num_hidden_layers, 2, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
-                           model.device)
-        st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
-                          use_graphs=False, use_kernels=kernels)
+        st = _stepper(model, 2, kernels)
         st.reset_slot(0, 1.1)
         st.prefill_batch([0], [torch.randn(9, tc.hidden_size)])
         st.set_inputs([True], [3], 1)
@@ -188,10 +194,7 @@ def frame_step_case(ckpt: str) -> None:
         cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
         dk.CUBLAS_MIN_ROWS = 2 if name == "cuBLAS GEMMs" else 1 << 20
         torch.manual_seed(0)
-        cache = _SlotCache(tc.num_hidden_layers, 5, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
-                           model.device)
-        st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
-                          use_graphs=False, use_kernels=kernels)
+        st = _stepper(model, 5, kernels)
         assert st.kernels == kernels
         if name == "talker SDPA":
             st.split_attend_max_rows = 0
