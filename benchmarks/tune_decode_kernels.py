@@ -12,7 +12,10 @@ the unfused norm / SwiGLU / residual ops); one-row products sweep the narrow til
 cores (GEMV_CONFIGS), others the tl.dot tiles (CONFIGS). Then `rope_attend` per block size and warp count
 against the cache write + SDPA it replaces, at the predictor's and the talker's context lengths.
 `--split-attend`: only the talker's `split_attend` per positions per program and inner block, against the
-cache write + SDPA over the step's width masked to each row's position (as the frame step did). GPU only.
+cache write + SDPA over the step's width masked to each row's position (as the frame step did).
+`--launch-floor`: only what a launch costs in a graph with nothing to read (an empty kernel), with one
+dependent 2 KB read (the previous launch's output, as a decode kernel reads its input), and each one-row
+GEMM in its served configuration beside its weight-read bound. GPU only.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from streamvox.models.qwen3_tts import decode_kernels as dk
 from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
@@ -87,6 +92,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--no-attention", action="store_true", help="time the GEMMs only")
     ap.add_argument("--split-attend", action="store_true", help="time the talker's split_attend only")
+    ap.add_argument("--launch-floor", action="store_true", help="time empty and one-read launches, one-row GEMMs")
     ap.add_argument("--repeat", type=int, default=0,
                     help="no tuning: launch each GEMM this many times back to back (its default configuration) "
                          "and count the results bitwise equal to the first (split-K sums in a fixed order)")
@@ -107,7 +113,10 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; copy {tbps:.2f} TB/s (read+write)")
     print(f"# command: {' '.join(sys.argv)}")
     results = {"gpu": torch.cuda.get_device_name(), "copy_TBps": tbps, "linear": [], "attention": [], "repeat": [],
-               "split_attend": []}
+               "split_attend": [], "launch_floor": []}
+    if args.launch_floor:
+        results["launch_floor"] = launch_floor(tbps)
+        args.rows, args.no_attention = [], True
     if args.split_attend:
         results["split_attend"] = split_attend_sweep(args.rows)
         args.rows, args.no_attention = [], True
@@ -185,6 +194,48 @@ def main() -> None:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+@triton.jit
+def _pass_on(src, dst, N: tl.constexpr, READ: tl.constexpr):
+    """READ: every program loads `src` [N]; program 0 stores it plus one to `dst` (the next launch's input)."""
+    if READ:
+        x = tl.load(src + tl.arange(0, N))
+        if tl.program_id(0) == 0:
+            tl.store(dst + tl.arange(0, N), x + 1)
+
+
+def launch_floor(tbps: float) -> list[dict]:
+    """Per-launch time in a graph of 20 back-to-back launches: empty kernels and one-read kernels at one
+    program (one warp) and at a one-row GEMM's grid (1024 programs of four warps), then each one-row GEMM
+    (served configuration, weights from memory) and its weight-read bound: what is left is fixed cost."""
+    rows = []
+    bufs = [torch.zeros(1024, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    turn = itertools.count()
+    for read, (grid, warps) in itertools.product((False, True), ((1, 1), (1024, 4))):
+        def launch(read=read, grid=grid, warps=warps):
+            i = next(turn) % 2
+            _pass_on[(grid,)](bufs[i], bufs[1 - i], N=1024, READ=read, num_warps=warps)
+
+        t = per_launch_ms(launch)
+        name = f"{'one 2 KB read' if read else 'empty'}, {grid} programs x {warps} warps"
+        rows.append(dict(name=name, ms=t))
+        print(f"# launch floor {name}: {t * 1e3:.2f} us", flush=True)
+    for name, k, n, fusion in SHAPES:
+        copies = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+                  for _ in range(-(-COLD_BYTES // (n * k * 2)))]
+        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        nw = torch.rand(k, dtype=torch.bfloat16, device="cuda") + 0.5
+        res = torch.randn(1, n // 2 if fusion == "swiglu" else n, dtype=torch.bfloat16, device="cuda")
+        kw = dict(norm=nw if fusion in ("norm", "swiglu") else None, eps=1e-6, swiglu=fusion == "swiglu",
+                  residual=res if fusion == "residual" else None)
+        t = per_launch_ms(cycle(partial(dk.linear, x, c, **kw) for c in copies))
+        bound = (n * k * 2 + k * 2) / (tbps * 1e12) * 1e3
+        rows.append(dict(name=name, ms=t, bound_ms=bound))
+        print(f"# one-row {name:18s}: {t * 1e3:5.2f} us, weight read {bound * 1e3:5.2f} us, "
+              f"the rest {(t - bound) * 1e3:5.2f} us", flush=True)
+        del copies
+    return rows
 
 
 def attention_inputs(m: int, length: int, ctx: int) -> tuple:
