@@ -72,6 +72,19 @@ def per_launch_ms(fn) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def gemm_inputs(m: int, k: int, n: int, fusion: str) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Random bf16 inputs of an `[m, k] x [k, n]` product with `fusion`: copies of the weight (enough to cycle
+    through COLD_BYTES), x, the norm weight, the residual, and `dk.linear`'s keyword arguments."""
+    copies = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+              for _ in range(-(-COLD_BYTES // (n * k * 2)))]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    nw = torch.rand(k, dtype=torch.bfloat16, device="cuda") + 0.5
+    res = torch.randn(m, n // 2 if fusion == "swiglu" else n, dtype=torch.bfloat16, device="cuda")
+    kw = dict(norm=nw if fusion in ("norm", "swiglu") else None, eps=1e-6, swiglu=fusion == "swiglu",
+              residual=res if fusion == "residual" else None)
+    return copies, x, nw, res, kw
+
+
 def torch_op(x, w, nw, fusion, res):
     if fusion == "norm":
         h = x.float()
@@ -122,15 +135,9 @@ def main() -> None:
         args.rows, args.no_attention = [], True
     default_config = dk._linear_config
     for (name, k, n, fusion), m in itertools.product(SHAPES, args.rows):
-        copies = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k**0.5
-                  for _ in range(-(-COLD_BYTES // (n * k * 2)))]
+        copies, xm, nw, res, kw = gemm_inputs(m, k, n, fusion)
         w = copies[0]
-        xm = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
-        nw = torch.rand(k, dtype=torch.bfloat16, device=dev) + 0.5
-        n_out = n // 2 if fusion == "swiglu" else n
-        res = torch.randn(m, n_out, dtype=torch.bfloat16, device=dev)
-        kw = dict(norm=nw if fusion in ("norm", "swiglu") else None, eps=1e-6, swiglu=fusion == "swiglu",
-                  residual=res if fusion == "residual" else None)
+        n_out = res.shape[1]
         ref = torch_op(xm, w, nw, fusion, res).float()
         got = dk.linear(xm, w, **kw).float()
         err = float((got - ref).norm() / ref.norm())
@@ -222,13 +229,7 @@ def launch_floor(tbps: float) -> list[dict]:
         rows.append(dict(name=name, ms=t))
         print(f"# launch floor {name}: {t * 1e3:.2f} us", flush=True)
     for name, k, n, fusion in SHAPES:
-        copies = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
-                  for _ in range(-(-COLD_BYTES // (n * k * 2)))]
-        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-        nw = torch.rand(k, dtype=torch.bfloat16, device="cuda") + 0.5
-        res = torch.randn(1, n // 2 if fusion == "swiglu" else n, dtype=torch.bfloat16, device="cuda")
-        kw = dict(norm=nw if fusion in ("norm", "swiglu") else None, eps=1e-6, swiglu=fusion == "swiglu",
-                  residual=res if fusion == "residual" else None)
+        copies, x, _, _, kw = gemm_inputs(1, k, n, fusion)
         t = per_launch_ms(cycle(partial(dk.linear, x, c, **kw) for c in copies))
         bound = (n * k * 2 + k * 2) / (tbps * 1e12) * 1e3
         rows.append(dict(name=name, ms=t, bound_ms=bound))
