@@ -92,8 +92,9 @@ def _run_frames(model, mode: str, n_req: int, frames: int) -> dict:
     """Greedy frames of n_req concurrent requests through a fresh runner in `mode`."""
     out: dict[str, list] = {}
     runner = _runner(model, mode, n_req, frames, on_frame=lambda rid, f: out.setdefault(rid, []).append(f))
+    sink = _Sink()
     while runner.has_work():
-        runner.step(_Sink())
+        runner.step(sink)
     return {k: torch.stack(v).cpu() for k, v in out.items()}
 
 
@@ -101,9 +102,9 @@ def _check_step_graph(model, n_req: int) -> dict:
     """One frame step from the same state (after six engine steps of n_req requests), replayed from its CUDA graph
     twice and run eagerly twice: whether the four agree bit for bit (frames, hidden states, keys). Unlike
     the greedy codes compared above, this does not depend on how sensitive random weights are to rounding."""
-    runner = _runner(model, "graph", n_req, 40)
+    runner, sink = _runner(model, "graph", n_req, 40), _Sink()
     for _ in range(6):
-        runner.step(_Sink())
+        runner.step(sink)
     torch.cuda.synchronize()
     st = runner.stepper
     (rows, width), graph = list(st.graphs.items())[-1]  # the bucket the steps used
