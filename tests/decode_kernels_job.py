@@ -65,9 +65,16 @@ def linear_cases() -> None:
         scores = torch.randn(m, 300)
         scores[0, 7] = scores[0, 290] = float(scores[0].max()) + 1  # a tie: the first maximum wins
         tokens = torch.full((m, 3), -1)
-        got = dk.linear(table, w, bias=bias, select=scores, tokens=tokens[:, 1])
+        total = torch.randn(m, k)
+        want_total = total + table[scores.argmax(-1)]
+        got = dk.linear(table, w, bias=bias, select=scores, tokens=tokens[:, 1], total=total)
         assert torch.equal(tokens[:, 1], scores.argmax(-1)) and tokens[0, 1] == 7 and (tokens[:, [0, 2]] == -1).all()
         close(f"linear+select+bias m={m}", got, F.linear(table[scores.argmax(-1)], w, bias))
+        assert torch.equal(total, want_total), "linear+select: the embedding sum"
+        tokens[:, 1] = -1
+        got = dk.select_rows(scores, table, tokens[:, 1], total)
+        assert torch.equal(tokens[:, 1], scores.argmax(-1)) and (tokens[:, [0, 2]] == -1).all()
+        assert torch.equal(got, table[scores.argmax(-1)]) and torch.equal(total, want_total + got), "select_rows"
         got = dk.linear(x.half(), w.half(), out_dtype=torch.float32)  # rounded to float16, stored as float32
         assert got.dtype == torch.float32
         close(f"linear float16 to float32 m={m}", got, (x.half().float() @ w.half().float().T).half().float(), 1e-2)
@@ -154,6 +161,36 @@ def attention_cases() -> None:
         close(kernel, out, want)
 
 
+def choose_commit_cases() -> None:
+    """`choose_commit` against `FrameStepper._choose` and `_commit`'s torch code: penalised, suppressed and
+    too-early end-of-speech ids over three rows (one inactive), a vocabulary of more than one block."""
+    m, v, h = 3, 2500, 40
+    logits, hid = torch.randn(m, v) * 3, torch.randn(m, h)
+    seen = torch.rand(m, v) < 0.3
+    logits[0, 1700] = 50.0  # row 0's best: penalised (seen, positive, divided by its penalty of 10)
+    seen[0, 1700] = True
+    logits[1, 40] = logits[1, 2100] = 40.0  # a tie: the first maximum wins
+    logits[2, 2499] = 60.0  # end-of-speech, banned for row 2 (count below the minimum)
+    suppress, eos = torch.zeros(v, dtype=torch.bool), torch.zeros(v, dtype=torch.bool)
+    suppress[2000:2400] = True
+    eos[2499] = True
+    penalty, count, pos = torch.tensor([10.0, 1.3, 1.1]), torch.tensor([5, 0, 1]), torch.tensor([9, 4, 7])
+    active, token, hidden = torch.tensor([True, False, True]), torch.tensor([11, 12, 13]), torch.randn(m, h)
+    pen = penalty[:, None]
+    want = torch.where(seen, torch.where(logits < 0, logits * pen, logits / pen), logits)
+    want = want.masked_fill(suppress[None] | (eos[None] & (count < 2)[:, None]), float("-inf")).argmax(-1)
+    assert want[0] != 1700 and want[1] == 40 and want[2] != 2499
+    w_token, w_hidden = torch.where(active, want, token), torch.where(active[:, None], hid, hidden)
+    w_seen = seen.clone()
+    w_seen[active, want[active]] = True
+    w_count, w_pos = count + active.long(), pos + active.long()
+    dk.choose_commit(logits, hid, penalty, seen, suppress, eos, count, pos, active, token, hidden, 2)
+    for name, got, exp in (("token", token, w_token), ("hidden", hidden, w_hidden), ("seen", seen, w_seen),
+                           ("count", count, w_count), ("pos", pos, w_pos)):
+        assert torch.equal(got, exp), f"choose_commit: {name}\n{got}\n{exp}"
+    print("choose_commit: identical")
+
+
 def _stepper(model: Qwen3TTSModel, slots: int, kernels: bool) -> FrameStepper:
     """A float32 frame stepper without graphs over a fresh 64-position cache of `slots` slots."""
     tc = model.cfg.talker
@@ -233,6 +270,7 @@ if __name__ == "__main__":
         linear_cases()
         cublas_cases()
         attention_cases()
+        choose_commit_cases()
     else:
         ckpt = str(build_tiny_checkpoint(sys.argv[1], "custom_voice"))
         (frame_step_case if part == "step" else one_row_case)(ckpt)

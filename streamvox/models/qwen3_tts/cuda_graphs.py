@@ -432,12 +432,13 @@ class FrameStepper:
         first = self.token[s]
         hidden = self.hidden[s]
         # code predictor: codebooks 1..G-1, over a static (G+1)-position scratch cache
-        x = torch.stack([hidden, talker.model.codec_embedding(first)], dim=1)
+        embed = talker.model.codec_embedding(first)
+        x = torch.stack([hidden, embed], dim=1)
         kernels = self.kernels and rows <= self.kernel_max_rows
         frames = self.frames[s]
         frames[:, 0] = first
         if kernels:
-            self._predict_rows(x, frames)
+            self._predict_rows(x, frames, embed)  # embed: now the frame's embedding sum (frame_embed)
         else:
             start = 0
             for j in range(self.groups - 1):
@@ -447,8 +448,9 @@ class FrameStepper:
                 start += n
                 if j + 1 < self.groups - 1:
                     x = cp.model.codec_embedding[j](frames[:, j + 1])[:, None]
+            embed = talker.frame_embed(frames)
         # talker: one position per row
-        x = talker.frame_embed(frames) + talker.text_embed(self.text_ids[s])
+        x = embed + talker.text_embed(self.text_ids[s])
         p = self.pos[s]
         ts = self.tstack
         split = kernels and rows <= self.split_attend_max_rows
@@ -469,7 +471,10 @@ class FrameStepper:
                     return o.reshape(rows, -1)
 
                 h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
-            self._commit(ts.rms(h, ts.norm_w, ts.norm_eps), s, active, first, hidden)
+            h = ts.rms(h, ts.norm_w, ts.norm_eps)
+            ts.kernels.choose_commit(ts.kernels.linear(h, talker.codec_head.weight, out_dtype=torch.float32), h,
+                                     self.penalty[s], self.seen[s], self.suppress, self.eos_mask, self.count[s],
+                                     self.pos[s], active, self.token[s], self.hidden[s], self.min_new)
             return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
 
@@ -513,13 +518,14 @@ class FrameStepper:
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
         return F.linear(h, w_head).float().argmax(-1)
 
-    def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor) -> None:
+    def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor, embed: torch.Tensor) -> None:
         """`_pred_pass` x 15 with the Triton layers, from `x` `[rows, 2, H_talker]` (the talker's hidden
-        state and codebook 0's embedding) into `frames[:, 1:]`. Each (request, position) is a row whose
-        cache slot is its request's. Between passes one GEMM picks
-        the greedy id from the head's scores, looks up its embedding and projects it, so the 15 passes
-        are Triton launches only (a projection other than a linear, as the 0.6B model's identity, takes
-        torch's argmax and lookup instead)."""
+        state and codebook 0's embedding) into `frames[:, 1:]`, each chosen code's embedding added to
+        `embed` `[rows, H_talker]` (codebook 0's), which ends as `frame_embed(frames)`. Each (request,
+        position) is a row whose cache slot is its request's. Between passes one GEMM picks the greedy id
+        from the head's scores, looks up its embedding and projects it, so the 15 passes are Triton launches
+        only (a projection other than a linear, as the 0.6B model's identity, is applied to the embedding
+        that `select_rows` looks up)."""
         ps, dk = self.pstack, self.pstack.kernels
         cp = self.talker.code_predictor
         proj = cp.small_to_mtp_projection
@@ -540,13 +546,13 @@ class FrameStepper:
             scores = dk.linear(last, cp.lm_head[j].weight, norm=ps.norm_w, eps=ps.norm_eps, out_dtype=torch.float32)
             start, n = start + n, 1
             last_pass = j + 1 == self.groups - 1
+            table = cp.model.codec_embedding[j].weight
             if fused and not last_pass:
-                table = cp.model.codec_embedding[j].weight
-                h = dk.linear(table, proj.weight, bias=proj.bias, select=scores, tokens=frames[:, j + 1])
-                continue
-            frames[:, j + 1] = scores.argmax(-1)
-            if not last_pass:
-                h = proj(cp.model.codec_embedding[j](frames[:, j + 1]))
+                h = dk.linear(table, proj.weight, bias=proj.bias, select=scores, tokens=frames[:, j + 1], total=embed)
+            else:
+                e = dk.select_rows(scores, table, frames[:, j + 1], embed, embed=not last_pass)
+                if not last_pass:
+                    h = proj(e)
 
     @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:

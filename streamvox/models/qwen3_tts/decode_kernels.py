@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_attention", "linear", "linear_rope_attend", "qk_norm_rope_store", "rms_norm", "rope_attend",
-           "split_attend", "swiglu_rows"]
+__all__ = ["choose_commit", "decode_attention", "linear", "linear_rope_attend", "qk_norm_rope_store", "rms_norm",
+           "rope_attend", "select_rows", "split_attend", "swiglu_rows"]
 
 
 @triton.jit
@@ -64,14 +64,15 @@ def _mac(acc, xk, wt, DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                   KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_o, eps,
+def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, total_ptr, out_ptr, part_ptr,
+                   count_ptr, M, N, K, KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_t,
+                   stride_o, eps,
                    qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, att_ptr, stride_cs, stride_ch,
                    stride_cl, scale,
                    NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr,
-                   SELECT: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
-                   ONE_BLOCK: tl.constexpr, ATTEND: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                   HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
+                   SELECT: tl.constexpr, ACCUM: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr,
+                   SPLIT: tl.constexpr, ONE_BLOCK: tl.constexpr, ATTEND: tl.constexpr, NH: tl.constexpr,
+                   NKV: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -80,9 +81,11 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
     n_ok = rn < N
     if SELECT:  # x is a table; row m uses its row argmax(sel[m]) (the first maximum, as torch.argmax)
         xr = _argmax_rows(sel_ptr, rm, m_ok, stride_sel, V, BM, BV)
-        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            tl.store(tok_ptr + rm * stride_tok, xr.to(tl.int64), mask=m_ok)
         xr = xr.to(tl.int64)
+        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            tl.store(tok_ptr + rm * stride_tok, xr, mask=m_ok)
+            if ACCUM:
+                _add_rows(x_ptr, xr, total_ptr, total_ptr, rm, m_ok, K, stride_x, stride_t, 0, False, BM, BK)
     else:
         xr = rm
     acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -178,6 +181,22 @@ def _attend_tail(count_ptr, M, m0, n0, qkv_ptr, stride_qkv, qn_ptr, kn_ptr, inv_
 
 
 @triton.jit
+def _add_rows(table_ptr, xr, total_ptr, out_ptr, rm, m_ok, K, stride_x, stride_t, stride_o, OUT: tl.constexpr,
+              BM: tl.constexpr, BK: tl.constexpr):
+    """`total[m] += table[xr[m]]` for rows `rm`, rounded to total's dtype as a torch add of the two rounds it
+    (the frame's codebook-embedding sum, built as the codes are chosen); also `out[m] = table[xr[m]]` (OUT)."""
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        mask = m_ok[:, None] & (kk < K)[None, :]
+        row = tl.load(table_ptr + xr[:, None] * stride_x + kk[None, :], mask=mask, other=0.0)
+        tot = total_ptr + rm[:, None] * stride_t + kk[None, :]
+        tl.store(tot, (tl.load(tot, mask=mask, other=0.0).to(tl.float32) + row.to(tl.float32)).to(tot.dtype.element_ty),
+                 mask=mask)
+        if OUT:
+            tl.store(out_ptr + rm[:, None] * stride_o + kk[None, :], row, mask=mask)
+
+
+@triton.jit
 def _argmax_rows(sel_ptr, rm, m_ok, stride_sel, V, BM: tl.constexpr, BV: tl.constexpr):
     """Each row's argmax of its scores `sel[m, :V]` (the first maximum, as torch.argmax), int32 `[BM]`."""
     best = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -266,13 +285,14 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0,
            swiglu: bool = False, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None, select: torch.Tensor | None = None,
-           tokens: torch.Tensor | None = None) -> torch.Tensor:
+           tokens: torch.Tensor | None = None, total: torch.Tensor | None = None) -> torch.Tensor:
     """`x [M, K] @ w[N, K].T` with optional fusions: `norm` (RMSNorm weight `[K]`) applied to x first;
     `swiglu` (w is gate rows then up rows: returns `silu(gate) * up`, `[M, N/2]`); `bias` `[N]`;
     `residual` `[M, N]` added to the output. `out_dtype`: the result rounded to x's dtype, then stored
     as this one. `select` (float32 scores `[M, V]`): x is a table, and row m of the product uses its row
     `argmax(select[m])`, which also goes to `tokens` `[M]` (int64, any stride): an embedding lookup of
-    the greedy choice, fused into the GEMM that consumes it."""
+    the greedy choice, fused into the GEMM that consumes it; that row is also added to `total` `[M, K]` if
+    given (as `select_rows`)."""
     m = select.shape[0] if select is not None else x.shape[0]
     k = x.shape[1]
     n = w.shape[0] // 2 if swiglu else w.shape[0]
@@ -281,7 +301,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     if m >= CUBLAS_MIN_ROWS and select is None:
         return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
-    _launch_linear(x, w, out, norm, eps, swiglu, residual, bias, select, tokens)
+    _launch_linear(x, w, out, norm, eps, swiglu, residual, bias, select, tokens, total)
     return out
 
 
@@ -307,7 +327,7 @@ def linear_rope_attend(x: torch.Tensor, w_qkv: torch.Tensor, norm: torch.Tensor,
 def _launch_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm: torch.Tensor | None, eps: float,
                    swiglu: bool = False, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                    select: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
-                   attend: tuple | None = None) -> None:
+                   total: torch.Tensor | None = None, attend: tuple | None = None) -> None:
     m, n, k = out.shape[0], out.shape[1], x.shape[1]
     bm, bn, bk, warps, stages, split, dot = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
@@ -329,15 +349,15 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm: to
     else:
         heads = kv_heads = hd = 1
         att_args = (w, w, w, w, w, out, out, out, 0, 0, 0, 0.0)
+    sel, tok, tot = (t if t is not None else out for t in (select, tokens, total))  # unused pointers: any tensor
     _linear_kernel[grid](
-        x, w, norm if norm is not None else w, res, bias if bias is not None else w,
-        select if select is not None else out, tokens if tokens is not None else out, out, part, counters, m, n, k,
-        ks, select.shape[1] if select is not None else 0, n, x.stride(0), w.stride(0), res.stride(0),
-        select.stride(0) if select is not None else 0, tokens.stride(0) if tokens is not None else 0, out.stride(0),
-        eps, *att_args, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, BIAS=bias is not None,
-        SELECT=select is not None, IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, ONE_BLOCK=k <= bk,
-        ATTEND=attend is not None, NH=heads, NKV=kv_heads, HD=hd, BH=_pow2(hd // 2), BL=_attend_config(m)[0],
-        BM=bm, BN=bn, BK=bk, BV=256, num_warps=warps, num_stages=stages)
+        x, w, norm if norm is not None else w, res, bias if bias is not None else w, sel, tok, tot, out, part,
+        counters, m, n, k, ks, sel.shape[1], n, x.stride(0), w.stride(0), res.stride(0), sel.stride(0), tok.stride(0),
+        tot.stride(0), out.stride(0), eps, *att_args, NORM=norm is not None, SWIGLU=swiglu,
+        RESIDUAL=residual is not None, BIAS=bias is not None, SELECT=select is not None, ACCUM=total is not None,
+        IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, ONE_BLOCK=k <= bk, ATTEND=attend is not None, NH=heads,
+        NKV=kv_heads, HD=hd, BH=_pow2(hd // 2), BL=_attend_config(m)[0], BM=bm, BN=bn, BK=bk, BV=256, num_warps=warps,
+        num_stages=stages)
 
 
 def _linear_cublas(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, eps: float, swiglu: bool,
@@ -353,6 +373,80 @@ def _linear_cublas(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, 
     if swiglu:
         out = swiglu_rows(out)
     return out if out_dtype is None else out.to(out_dtype)
+
+
+@triton.jit
+def _select_rows_kernel(sel_ptr, table_ptr, tok_ptr, total_ptr, out_ptr, V, K, stride_sel, stride_x, stride_tok,
+                        stride_t, stride_o, OUT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) + tl.arange(0, 1)
+    ok = rm >= 0
+    xr = _argmax_rows(sel_ptr, rm, ok, stride_sel, V, 1, BV).to(tl.int64)
+    tl.store(tok_ptr + rm * stride_tok, xr)
+    _add_rows(table_ptr, xr, total_ptr, out_ptr, rm, ok, K, stride_x, stride_t, stride_o, OUT, 1, BK)
+
+
+def select_rows(scores: torch.Tensor, table: torch.Tensor, tokens: torch.Tensor, total: torch.Tensor,
+                embed: bool = True) -> torch.Tensor | None:
+    """Greedy choice and embedding lookup in one launch: row m's token `argmax(scores[m])` (the first maximum)
+    goes to `tokens` `[M]` (int64, any stride) and its `table` row is added to `total` `[M, K]` (the frame's
+    codebook-embedding sum); with `embed`, that row is also returned `[M, K]` (the next pass's input)."""
+    m, k = scores.shape[0], table.shape[1]
+    assert scores.stride(1) == 1 and table.stride(1) == 1 and total.stride(1) == 1
+    out = torch.empty(m, k, dtype=table.dtype, device=table.device) if embed else total
+    _select_rows_kernel[(m,)](scores, table, tokens, total, out, scores.shape[1], k, scores.stride(0),
+                              table.stride(0), tokens.stride(0), total.stride(0), out.stride(0), OUT=embed, BV=1024,
+                              BK=1024, num_warps=4)
+    return out if embed else None
+
+
+@triton.jit
+def _choose_commit_kernel(logits_ptr, h_ptr, pen_ptr, seen_ptr, suppress_ptr, eos_ptr, count_ptr, pos_ptr, active_ptr,
+                          token_ptr, hidden_ptr, V, H, min_new, stride_l, stride_h, stride_seen, stride_hid,
+                          BV: tl.constexpr, BH: tl.constexpr):
+    m = tl.program_id(0)
+    pen = tl.load(pen_ptr + m)
+    count = tl.load(count_ptr + m)
+    active = tl.load(active_ptr + m) != 0
+    best = -float("inf")
+    tok = 0
+    for v0 in range(0, V, BV):
+        rv = v0 + tl.arange(0, BV)
+        ok = rv < V
+        logit = tl.load(logits_ptr + m * stride_l + rv, mask=ok, other=0.0)
+        seen = tl.load(seen_ptr + m * stride_seen + rv, mask=ok, other=0) != 0
+        # the repetition penalty (division rounded as torch's), then the suppressed ids, and end-of-speech
+        # before the minimum length
+        logit = tl.where(seen, tl.where(logit < 0, logit * pen, tl.math.div_rn(logit, pen)), logit)
+        banned = (tl.load(suppress_ptr + rv, mask=ok, other=1) != 0) | (
+            (tl.load(eos_ptr + rv, mask=ok, other=0) != 0) & (count < min_new))
+        logit = tl.where(banned, -float("inf"), logit)
+        top = tl.max(logit, axis=0)
+        if top > best:  # the first maximum, as torch.argmax
+            tok = tl.argmax(logit, axis=0) + v0
+            best = top
+    if active:
+        tl.store(token_ptr + m, tok.to(tl.int64))
+        tl.store(seen_ptr + m * stride_seen + tok, 1)
+        tl.store(count_ptr + m, count + 1)
+        tl.store(pos_ptr + m, tl.load(pos_ptr + m) + 1)
+        for k0 in range(0, H, BH):
+            kk = k0 + tl.arange(0, BH)
+            tl.store(hidden_ptr + m * stride_hid + kk, tl.load(h_ptr + m * stride_h + kk, mask=kk < H), mask=kk < H)
+
+
+def choose_commit(logits: torch.Tensor, h: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor,
+                  suppress: torch.Tensor, eos_mask: torch.Tensor, count: torch.Tensor, pos: torch.Tensor,
+                  active: torch.Tensor, token: torch.Tensor, hidden: torch.Tensor, min_new: int) -> None:
+    """The frame step's end for rows `[0, M)`, in one launch: each row's greedy codebook-0 id from its talker
+    scores `logits` `[M, V]` (float32) after the repetition penalty on the ids it has `seen`, the `suppress`ed
+    ids and end-of-speech (`eos_mask`) while `count` < `min_new`; an active row then takes that id as its
+    `token`, `h` as its `hidden` state, marks the id seen and counts one more id and position. Inactive rows
+    keep everything. As `cuda_graphs.FrameStepper._choose` and `_commit` in torch."""
+    m, v = logits.shape
+    assert logits.stride(1) == 1 and h.stride(1) == 1 and seen.stride(1) == 1 and hidden.stride(1) == 1
+    _choose_commit_kernel[(m,)](logits, h, penalty, seen, suppress, eos_mask, count, pos, active, token, hidden, v,
+                                h.shape[1], min_new, logits.stride(0), h.stride(0), seen.stride(0), hidden.stride(0),
+                                BV=1024, BH=1024, num_warps=4)
 
 
 @triton.jit
