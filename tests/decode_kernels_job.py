@@ -115,15 +115,11 @@ def attention_cases() -> None:
     cases = (([0, 2, 2, 1], [3, 0, 1, 7], 10, "decode_attention", 0, 0),
              ([2, 0, 1], [5, 0, 9], 10, "rope_attend", 0, 0), ([1, 2, 0], [139, 0, 64], 150, "rope_attend", 0, 0),
              ([2, 0, 1], [5, 0, 9], 10, "split_attend", 10, 4), ([1, 2, 0], [139, 0, 64], 150, "split_attend", 150, 32),
-             ([0, 1], [3, 12], 16, "split_attend", 10, 4),
-             ([2], [5], 10, "linear_rope_attend", 0, 0), ([2, 0, 1], [5, 0, 9], 10, "linear_rope_attend", 0, 0))
+             ([0, 1], [3, 12], 16, "split_attend", 10, 4))
     for slot, pos, length, kernel, width, per_program in cases:
         slot, pos = torch.tensor(slot), torch.tensor(pos)
         m = len(slot)
         qkv = torch.randn(m, (heads + 2 * kv_heads) * hd)
-        if kernel == "linear_rope_attend":  # the q/k/v GEMM and the attention: one launch at one row, else two
-            x, w, nw = torch.randn(m, 20), torch.randn(qkv.shape[1], 20) / 4, torch.rand(20) + 0.5
-            qkv = rms(x, nw) @ w.T
         kc, vc = torch.randn(slots, kv_heads, length, hd), torch.randn(slots, kv_heads, length, hd)
         want_k, want_v = kc.clone(), vc.clone()
         q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
@@ -147,9 +143,6 @@ def attention_cases() -> None:
             dk.SPLIT_POSITIONS = per_program
             out = dk.split_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS, width)
             assert not dk._tile_counters(out.device).any(), "split_attend left a counter set"
-        elif kernel == "linear_rope_attend":
-            out = dk.linear_rope_attend(x, w, nw, EPS, qn, kn, inv_freq, kc, vc, slot, pos, heads)
-            assert not dk._tile_counters(out.device).any(), "linear_rope_attend left a counter set"
         elif kernel == "rope_attend":
             out = dk.rope_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS)
         else:

@@ -122,21 +122,19 @@ class _FusedStack:
         and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
         in place of `decode_attention` if given). No two rows share a slot (`one_per_slot`, or `width`: the
         positions lie below it): five launches, the cache write and the attention in one (`rope_attend`
-        for short caches, `split_attend` over blocks of positions for long ones); four for one row of a
-        short cache (`linear_rope_attend`)."""
+        for short caches, `split_attend` over blocks of positions for long ones)."""
         p, dk = self.layers[i], self.kernels
-        if one_per_slot:  # at one row, the q/k/v GEMM's launch attends too
-            a = dk.linear_rope_attend(x, p["w_qkv"], p["w_ln"], self.eps, p["w_qn"], p["w_kn"], self.inv_freq, k_cache,
-                                      v_cache, slot, pos, self.nh)
+        qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
+        if width:
+            a = dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                                self.eps, width)
+        elif one_per_slot:
+            a = dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
+                               self.eps)
         else:
-            qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
-            if width:
-                a = dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                    self.eps, width)
-            else:
-                q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos,
-                                          self.nh, self.nkv, self.eps)
-                a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
+            q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos,
+                                      self.nh, self.nkv, self.eps)
+            a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
         x = dk.linear(a, p["w_o"], residual=x)
         return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
 

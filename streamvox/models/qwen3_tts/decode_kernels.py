@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["choose_commit", "decode_attention", "linear", "linear_rope_attend", "qk_norm_rope_store", "rms_norm",
-           "rope_attend", "select_rows", "split_attend", "swiglu_rows"]
+__all__ = ["choose_commit", "decode_attention", "linear", "qk_norm_rope_store", "rms_norm", "rope_attend",
+           "select_rows", "split_attend", "swiglu_rows"]
 
 
 @triton.jit
@@ -67,13 +67,9 @@ def _mac(acc, xk, wt, DOT: tl.constexpr, IEEE: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, total_ptr, out_ptr, part_ptr,
                    count_ptr, M, N, K, KS, V, half_n, stride_x, stride_w, stride_r, stride_sel, stride_tok, stride_t,
                    stride_o, eps,
-                   qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, att_ptr, stride_cs, stride_ch,
-                   stride_cl, scale,
                    NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr,
                    SELECT: tl.constexpr, ACCUM: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr,
-                   SPLIT: tl.constexpr, ONE_BLOCK: tl.constexpr, ATTEND: tl.constexpr, NH: tl.constexpr,
-                   NKV: tl.constexpr, HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                   SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -88,54 +84,33 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
                 _add_rows(x_ptr, xr, total_ptr, total_ptr, rm, m_ok, K, stride_x, stride_t, 0, False, BM, BK)
     else:
         xr = rm
+    if NORM:
+        sq = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + rk
+            xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            sq += tl.sum(xk * xk, axis=1)
+        inv = 1.0 / tl.sqrt(sq / K + eps)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc2 = tl.zeros([BM, BN], dtype=tl.float32)
-    if ONE_BLOCK:
-        # All of K in one block: x and the weights are loaded together, so the norm's pass over x does
-        # not hold back the weight read (the two-pass form below waits for x before asking for them).
-        k_ok = rk < K
-        xk = tl.load(x_ptr + xr[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if SWIGLU:
-            wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                         other=0.0)
+    k_start = tl.program_id(2) * KS  # split-K: this program's share of the reduction
+    for k0 in range(k_start, tl.minimum(k_start + KS, K), BK):
+        kk = k0 + rk
+        k_ok = kk < K
+        xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
-            xf = xk.to(tl.float32)
-            xk = _scale_norm(xk, 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps), norm_ptr, rk, k_ok)
+            xk = _scale_norm(xk, inv, norm_ptr, kk, k_ok)
+        wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _mac(acc, xk, wt, DOT, IEEE)
         if SWIGLU:
-            acc2 = _mac(acc2, xk, wu, DOT, IEEE)
-    else:
-        if NORM:
-            sq = tl.zeros([BM], dtype=tl.float32)
-            for k0 in range(0, K, BK):
-                kk = k0 + rk
-                xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
-                             other=0.0).to(tl.float32)
-                sq += tl.sum(xk * xk, axis=1)
-            inv = 1.0 / tl.sqrt(sq / K + eps)
-        k_start = tl.program_id(2) * KS  # split-K: this program's share of the reduction
-        for k0 in range(k_start, tl.minimum(k_start + KS, K), BK):
-            kk = k0 + rk
-            k_ok = kk < K
-            xk = tl.load(x_ptr + xr[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+            wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            if NORM:
-                xk = _scale_norm(xk, inv, norm_ptr, kk, k_ok)
-            wt = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = _mac(acc, xk, wt, DOT, IEEE)
-            if SWIGLU:
-                wu = tl.load(w_ptr + (rn + half_n)[:, None] * stride_w + kk[None, :],
-                             mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc2 = _mac(acc2, xk, wu, DOT, IEEE)
+            acc2 = _mac(acc2, xk, wu, DOT, IEEE)
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
         _linear_epilogue(acc, acc2, rm, rn, mask, n_ok, x_ptr, bias_ptr, res_ptr, out_ptr, stride_r, stride_o, SWIGLU,
                          RESIDUAL, BIAS)
-        if ATTEND:
-            _attend_tail(count_ptr + tl.program_id(0) * NKV, M, tl.program_id(0) * BM, tl.program_id(1) * BN, out_ptr,
-                         stride_o, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, att_ptr, stride_cs,
-                         stride_ch, stride_cl, eps, scale, NH, NKV, HD, BH, BL, BM, BN)
     else:
         # Each program leaves its partial sums in part_ptr [SPLIT, 2, M, N]; the last of a tile's SPLIT
         # programs to finish (a counter per tile) adds them in split order, so the result does not
@@ -159,28 +134,6 @@ def _linear_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, bias_ptr, sel_ptr, tok_ptr, 
 
 
 @triton.jit
-def _attend_tail(count_ptr, M, m0, n0, qkv_ptr, stride_qkv, qn_ptr, kn_ptr, inv_freq_ptr, k_ptr, v_ptr, slot_ptr,
-                 pos_ptr, att_ptr, stride_cs, stride_ch, stride_cl, eps, scale, NH: tl.constexpr, NKV: tl.constexpr,
-                 HD: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """`rope_attend` after a q/k/v GEMM, in the same launch: the program that stores the last of a key/value
-    head's columns (its query heads', its key's and its value's; a counter per head and row block counts
-    the tiles) attends for that head over the rows `[m0, m0 + BM)`. Output columns `[n0, n0 + BN)` lie
-    within one head (BN divides HD)."""
-    REP: tl.constexpr = NH // NKV
-    q_cols: tl.constexpr = NH * HD
-    g = tl.where(n0 < q_cols, n0 // (REP * HD), (n0 - q_cols) // HD % NKV)
-    tl.debug_barrier()  # every thread's columns are stored before the counter says so
-    if tl.atomic_add(count_ptr + g, 1, sem="acq_rel", scope="gpu") == (REP + 2) * (HD // BN) - 1:
-        tl.store(count_ptr + g, 0)  # ready for the next launch
-        for i in tl.static_range(BM):
-            m = m0 + i
-            if m < M:
-                _rope_attend_row(g, tl.load(slot_ptr + m), tl.load(pos_ptr + m), qkv_ptr + m * stride_qkv, qn_ptr,
-                                 kn_ptr, inv_freq_ptr, k_ptr, v_ptr, att_ptr + m * NH * HD, stride_cs, stride_ch,
-                                 stride_cl, eps, scale, NH, NKV, REP, HD, BH, BL)
-
-
-@triton.jit
 def _add_rows(table_ptr, xr, total_ptr, out_ptr, rm, m_ok, K, stride_x, stride_t, stride_o, OUT: tl.constexpr,
               BM: tl.constexpr, BK: tl.constexpr):
     """`total[m] += table[xr[m]]` for rows `rm`, rounded to total's dtype as a torch add of the two rounds it
@@ -190,8 +143,8 @@ def _add_rows(table_ptr, xr, total_ptr, out_ptr, rm, m_ok, K, stride_x, stride_t
         mask = m_ok[:, None] & (kk < K)[None, :]
         row = tl.load(table_ptr + xr[:, None] * stride_x + kk[None, :], mask=mask, other=0.0)
         tot = total_ptr + rm[:, None] * stride_t + kk[None, :]
-        tl.store(tot, (tl.load(tot, mask=mask, other=0.0).to(tl.float32) + row.to(tl.float32)).to(tot.dtype.element_ty),
-                 mask=mask)
+        total = tl.load(tot, mask=mask, other=0.0).to(tl.float32) + row.to(tl.float32)
+        tl.store(tot, total.to(tot.dtype.element_ty), mask=mask)
         if OUT:
             tl.store(out_ptr + rm[:, None] * stride_o + kk[None, :], row, mask=mask)
 
@@ -301,34 +254,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None = None, e
     if m >= CUBLAS_MIN_ROWS and select is None:
         return _linear_cublas(x, w, norm, eps, swiglu, residual, bias, out_dtype)
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
-    _launch_linear(x, w, out, norm, eps, swiglu, residual, bias, select, tokens, total)
-    return out
-
-
-def linear_rope_attend(x: torch.Tensor, w_qkv: torch.Tensor, norm: torch.Tensor, eps: float, q_norm: torch.Tensor,
-                       k_norm: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
-    """`rope_attend(linear(x, w_qkv, norm=norm, eps=eps), ...)`: for one row in one launch, whose programs
-    that finish a key/value head's q/k/v columns go on to attend for it (`_attend_tail`); saves a launch
-    per code-predictor layer at concurrency 1. More rows: the two launches (a tail would attend for a whole
-    block of rows in one program)."""
-    m, k, n = x.shape[0], x.shape[1], w_qkv.shape[0]
-    kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
-    if m > GEMV_MAX_ROWS or hd % _linear_config(m, n, k, False)[1]:
-        return rope_attend(linear(x, w_qkv, norm=norm, eps=eps), q_norm, k_norm, inv_freq, k_cache, v_cache, slot,
-                           pos, heads, eps)
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and n == (heads + 2 * kv_heads) * hd
-    qkv = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    out = torch.empty(m, heads * hd, dtype=x.dtype, device=x.device)
-    _launch_linear(x, w_qkv, qkv, norm, eps, attend=(q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, out, heads))
-    return out
-
-
-def _launch_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm: torch.Tensor | None, eps: float,
-                   swiglu: bool = False, residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                   select: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
-                   total: torch.Tensor | None = None, attend: tuple | None = None) -> None:
-    m, n, k = out.shape[0], out.shape[1], x.shape[1]
     bm, bn, bk, warps, stages, split, dot = _linear_config(m, n, k, swiglu)
     if x.element_size() == 4:  # the same tiles in bytes (shared memory) as in 16-bit
         bk //= 2
@@ -336,28 +261,19 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm: to
     split = triton.cdiv(k, ks)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
     part, counters = out, out
-    if split > 1 or attend is not None:
-        assert grid[0] * grid[1] <= MAX_TILES and (attend is None or split == 1)
-        counters = _tile_counters(x.device)
     if split > 1:
+        assert grid[0] * grid[1] <= MAX_TILES
         part = torch.empty(split, 2, m, n, dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device)
     res = residual if residual is not None else out
-    if attend is not None:
-        q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, att, heads = attend
-        kv_heads, hd = k_cache.shape[1], k_cache.shape[-1]
-        att_args = (q_norm, k_norm, inv_freq, k_cache, v_cache, slot, pos, att, *k_cache.stride()[:3], hd**-0.5)
-    else:
-        heads = kv_heads = hd = 1
-        att_args = (w, w, w, w, w, out, out, out, 0, 0, 0, 0.0)
     sel, tok, tot = (t if t is not None else out for t in (select, tokens, total))  # unused pointers: any tensor
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, res, bias if bias is not None else w, sel, tok, tot, out, part,
         counters, m, n, k, ks, sel.shape[1], n, x.stride(0), w.stride(0), res.stride(0), sel.stride(0), tok.stride(0),
-        tot.stride(0), out.stride(0), eps, *att_args, NORM=norm is not None, SWIGLU=swiglu,
-        RESIDUAL=residual is not None, BIAS=bias is not None, SELECT=select is not None, ACCUM=total is not None,
-        IEEE=x.dtype == torch.float32, DOT=dot, SPLIT=split, ONE_BLOCK=k <= bk, ATTEND=attend is not None, NH=heads,
-        NKV=kv_heads, HD=hd, BH=_pow2(hd // 2), BL=_attend_config(m)[0], BM=bm, BN=bn, BK=bk, BV=256, num_warps=warps,
-        num_stages=stages)
+        tot.stride(0), out.stride(0), eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
+        BIAS=bias is not None, SELECT=select is not None, ACCUM=total is not None, IEEE=x.dtype == torch.float32,
+        DOT=dot, SPLIT=split, BM=bm, BN=bn, BK=bk, BV=256, num_warps=warps, num_stages=stages)
+    return out
 
 
 def _linear_cublas(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor | None, eps: float, swiglu: bool,
@@ -502,10 +418,8 @@ def _norm_rope(src, w_ptr, inv_freq_ptr, pos, eps, rows, r, ok, HD: tl.constexpr
     half: tl.constexpr = HD // 2
     dt = src.dtype.element_ty
     mask = ok[None, :]
-    # .cg (from the L2): after `_attend_tail`'s counter, other programs of the same launch wrote src
-    x1 = tl.load(src + rows[:, None] * HD + r[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    x2 = tl.load(src + rows[:, None] * HD + half + r[None, :], mask=mask, other=0.0,
-                 cache_modifier=".cg").to(tl.float32)
+    x1 = tl.load(src + rows[:, None] * HD + r[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + rows[:, None] * HD + half + r[None, :], mask=mask, other=0.0).to(tl.float32)
     if NORM:
         inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)
         w1 = tl.load(w_ptr + r, mask=ok, other=0.0).to(tl.float32)
