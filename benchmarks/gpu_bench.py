@@ -79,6 +79,8 @@ def _runner(model, mode: str, n_req: int, frames: int, on_frame=None):
     os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
     os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
     runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024, on_frame=on_frame)
+    if mode == "stepper-eager-bucketed":  # eager steps after the graphs' padded prefill shapes
+        runner.stepper.bucketed_prefill = True
     words = TEXT.split()
     for i in range(n_req):
         text = " ".join(words[i % 5:] + words[: i % 5])
@@ -136,8 +138,11 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
 
     res = {}
     # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels;
-    # graph-sdpa: the talker's attention as a cache write and SDPA instead of split_attend
-    modes = ["runner-eager", "stepper-torch", "stepper-eager"] + (["graph-sdpa", "graph"] if device == "cuda" else [])
+    # stepper-eager-bucketed: stepper-eager with the prefill padded to the graphs' buckets (the same prefill
+    # shapes as graph, so only the frame steps' graph or not differs); graph-sdpa: the talker's attention as a
+    # cache write and SDPA instead of split_attend
+    modes = ["runner-eager", "stepper-torch", "stepper-eager", "stepper-eager-bucketed"] + (
+        ["graph-sdpa", "graph"] if device == "cuda" else [])
     for dtype in dtypes:
         model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
         name = str(dtype).split(".")[-1]
