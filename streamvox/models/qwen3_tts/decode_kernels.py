@@ -24,7 +24,9 @@ without tensor cores; for more rows, tl.dot tiles with narrow outputs splitting 
 across programs, the last program of a tile adding the partial sums in a fixed order, so results do not
 vary from launch to launch. Between code
 predictor passes, `linear(select=...)` picks the greedy id from the head's scores and looks up its
-embedding in the GEMM that projects it.
+embedding in the GEMM that projects it, adding that embedding to the frame's sum (`select_rows` does the
+same without a projection); `choose_commit` ends the frame step (codebook 0's greedy choice and the
+per-row state) in one launch. Each launch saved is worth about a microsecond at one row (H200).
 
 Rows are tokens: row `m` writes its key/value at `pos[m]` of cache slot `slot[m]` and attends to
 positions `[0, pos[m]]` of that slot, so the code predictor's first pass (two positions per request) is
