@@ -1,8 +1,9 @@
 """Triton kernels for one decode position per row: a decoder layer in five or six launches.
 
 The frame step runs 103 decoder layers per frame (28 talker + 15 code-predictor passes of 5), one
-position per row: ~700 dependent kernels of a few microseconds each, whose time is set by how quickly
-each one gets its weight streaming, not by the step's total bytes. Here a layer is
+position per row: ~550 dependent kernels of a few microseconds each (one row, counted from the code),
+whose time is set by how quickly each one gets its weight streaming, not by the step's total bytes.
+Here a layer is
 
 1. `linear(x, W_qkv, norm=input_layernorm)`: RMSNorm fused into the q/k/v projection;
 2. `qk_norm_rope_store`: q/k head norms, RoPE from the positions, keys/values written to the cache;
