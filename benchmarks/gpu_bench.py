@@ -6,8 +6,8 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                layers instead of the Triton decode kernels, and the original eager runner path (float32 and
                bfloat16 reported); one frame step from the same state, graph against eager, bit for bit; the
                prefill graph against eager prefill (three prompts and one);
-  --repeat     the greedy codes of 16 requests (float32), graph and eager stepper twice each in one process,
-               against the first graph run (do whole requests repeat, mode to mode and run to run?);
+  --repeat     the greedy codes of 16 requests (each of --check-dtypes), graph and eager stepper twice each in
+               one process, against the first graph run (do whole requests repeat, mode to mode and run to run?);
   --micro      per-step device time of the frame-step graph per batch bucket, with the Triton kernels (also
                with the talker's cache write and SDPA in place of split_attend) and with the torch layers
                (MICRO_EAGER=1 adds eager, MICRO_TORCH=0 leaves the torch layers out), prefill, the codec
@@ -173,19 +173,25 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
     return res
 
 
-def repeat(model_dir: str, device: str) -> dict:
-    """The greedy codes of the same 16 requests (float32), the graph and the eager stepper twice each and the
+def repeat(model_dir: str, device: str, dtypes: tuple = (torch.float32,)) -> dict:
+    """The greedy codes of the same 16 requests, per dtype: the graph and the eager stepper twice each and the
     bucketed eager stepper once, in one process: identical frames of each run against the first graph run."""
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
-    model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=torch.float32)
-    base, res = None, {}
-    for i, mode in enumerate(("graph", "stepper-eager", "graph", "stepper-eager", "stepper-eager-bucketed")):
-        got = _run_frames(model, mode, 16, 40)
-        base = base or got
-        same = sum(int((got[k] == base[k]).all(dim=1).sum()) for k in base)
-        res[f"run{i + 1}_{mode}"] = {"identical_frames": same, "frames": sum(v.shape[0] for v in base.values())}
-        log(f"# repeat: {mode} (run {i + 1}) against graph (run 1): {same} identical frames")
+    res = {}
+    for dtype in dtypes:
+        model = Qwen3TTSModel.from_pretrained(model_dir, device=device, dtype=dtype)
+        name = str(dtype).split(".")[-1]
+        base = None
+        for i, mode in enumerate(("graph", "stepper-eager", "graph", "stepper-eager", "stepper-eager-bucketed")):
+            got = _run_frames(model, mode, 16, 40)
+            base = base or got
+            same = sum(int((got[k] == base[k]).all(dim=1).sum()) for k in base)
+            res[f"{name}_run{i + 1}_{mode}"] = {"identical_frames": same,
+                                                "frames": sum(v.shape[0] for v in base.values())}
+            log(f"# repeat {name}: {mode} (run {i + 1}) against graph (run 1): {same} identical frames")
+        del model
+        torch.cuda.empty_cache() if device == "cuda" else None
     return res
 
 
@@ -701,7 +707,7 @@ def main() -> None:
     dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
     parts = [("profile", lambda: profile(args.model)),
              ("check", lambda: check(args.model, args.device, dtypes, tuple(args.check_requests))),
-             ("repeat", lambda: repeat(args.model, args.device)),
+             ("repeat", lambda: repeat(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
