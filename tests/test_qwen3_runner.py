@@ -378,3 +378,21 @@ def test_timing_log_counts_requests(cv_model, monkeypatch, caplog):
     line = caplog.records[-1].getMessage()
     assert "admit p50" in line and "first_audio p50" in line and "(n 3)" in line and "decoder note" in line
     assert timing.latency == {"admit": [], "first_audio": []}
+
+
+def test_timing_window_from_env(cv_model, monkeypatch, caplog):
+    """STREAMVOX_QWEN3_TIMING_STEPS sets the log window: with 2, a line every second engine step, each over 2 steps."""
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "1")
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING_STEPS", "2")
+    runner, _, _ = _runner(cv_model)
+    assert runner._timing is not None and runner._timing.window == 2
+    runner.add(_requests(1, SamplingParams(temperature=0.0))[0])
+    sink = RecordingSink()
+    steps = 0
+    with caplog.at_level("WARNING"):
+        while runner.has_work():
+            runner.step(sink)
+            steps += 1
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("qwen3 runner timing")]
+    assert steps >= 4 and len(lines) == steps // 2
+    assert all(line.startswith("qwen3 runner timing: 2 steps") for line in lines)

@@ -30,7 +30,7 @@ CUDA if it decodes as float32 does on the checkpoint, see `_load_codec`), `STREA
 prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
 SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1` (the plain `Code2Wav` decoder on CUDA / the slot
 decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host and GPU time per step phase,
-per-request waits and every host sync: `step_timing`).
+per-request waits and every host sync, every `STREAMVOX_QWEN3_TIMING_STEPS` engine steps: `step_timing`).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """
@@ -211,7 +211,8 @@ class Qwen3TTSRunner:
         self.on_frame = on_frame
         # Batched prefill (fast path): at most this many prompts / padded positions per forward.
         # STREAMVOX_QWEN3_BATCH_PREFILL=0 runs the fast path's prompts one at a time.
-        self._timing = StepTiming() if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None
+        self._timing = (StepTiming(int(os.environ.get("STREAMVOX_QWEN3_TIMING_STEPS", "250")))
+                        if os.environ.get("STREAMVOX_QWEN3_TIMING", "0") == "1" else None)
         self.batch_prefill = os.environ.get("STREAMVOX_QWEN3_BATCH_PREFILL", "1") != "0"
         self.max_prefill_batch = max_batch if self.batch_prefill else 1
         self.max_prefill_tokens = max_prefill_tokens
@@ -542,7 +543,7 @@ class Qwen3TTSRunner:
             tm.add("prefill", t1 - t0, len(ready))
             tm.add("decode", t2 - t1, len(batch))
             tm.add("emit", t3 - t2)
-            tm.add("step", t3 - t0)  # last: it counts the step and logs every 250
+            tm.add("step", t3 - t0)  # last: it counts the step and logs each window
 
     def _can_decode(self, req: _Request) -> bool:
         if req.n_frames + 1 >= req.max_frames or req.offset is None:

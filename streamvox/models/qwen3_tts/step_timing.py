@@ -3,7 +3,8 @@
 The runner adds host time per step phase, GPU spans (CUDA events around frame steps and decoder calls, read
 only once they have completed, so timing never syncs) and per-request waits; every 250 steps one log line
 reports their means and percentiles, plus any notes (the decoder's real and padded frames), and starts a
-new window.
+new window. The window is 250 steps, or env STREAMVOX_QWEN3_TIMING_STEPS: about 10 resolves the few steps in
+which a round of requests arrives, is prefilled and gets its first audio (a 10 s request is 125 steps).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ log = logging.getLogger(__name__)
 
 
 class StepTiming:
-    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every 250 steps, with the GPU
+    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every `window` steps, with the GPU
     time of frame steps and decoder calls (CUDA events, read once they have completed), the decoder calls'
     real and padded frames, and per request the time from arrival to prefill and to its first audio. On CUDA
     the runner also warns of every host sync (`torch.cuda.set_sync_debug_mode`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 250) -> None:
+        self.window = window
         self.sec: dict[str, float] = {}
         self.items: dict[str, int] = {}
         self.spans: list[tuple[str, Any, Any]] = []  # (name, start event, end event) not yet read
@@ -39,7 +41,7 @@ class StepTiming:
         self.items[name] = self.items.get(name, 0) + items
         if name == "step":
             self.steps += 1
-            if self.steps % 250 == 0:
+            if self.steps % self.window == 0:
                 self._log()
 
     def gpu_span(self, name: str, stream: Any) -> Callable[[], None]:
