@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import SimpleNamespace
 
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ["STREAMVOX_QWEN3_COMPILE"] = "0"
@@ -155,8 +156,9 @@ def attention_cases() -> None:
 
 
 def choose_commit_cases() -> None:
-    """`choose_commit` against `FrameStepper._choose` and `_commit`'s torch code: penalised, suppressed and
-    too-early end-of-speech ids over three rows (one inactive), a vocabulary of more than one block."""
+    """`choose_commit` against `FrameStepper._choose` and `_record` (called on the same state) and `_commit`'s
+    updates: penalised, suppressed and too-early end-of-speech ids over three rows (one inactive), a vocabulary
+    of more than one block."""
     m, v, h = 3, 2500, 40
     logits, hid = torch.randn(m, v) * 3, torch.randn(m, h)
     seen = torch.rand(m, v) < 0.3
@@ -169,14 +171,13 @@ def choose_commit_cases() -> None:
     eos[2499] = True
     penalty, count, pos = torch.tensor([10.0, 1.3, 1.1]), torch.tensor([5, 0, 1]), torch.tensor([9, 4, 7])
     active, token, hidden = torch.tensor([True, False, True]), torch.tensor([11, 12, 13]), torch.randn(m, h)
-    pen = penalty[:, None]
-    want = torch.where(seen, torch.where(logits < 0, logits * pen, logits / pen), logits)
-    want = want.masked_fill(suppress[None] | (eos[None] & (count < 2)[:, None]), float("-inf")).argmax(-1)
+    ref = SimpleNamespace(penalty=penalty, seen=seen.clone(), suppress=suppress, eos_mask=eos, count=count.clone(),
+                          min_new=2)
+    want = FrameStepper._choose(ref, logits, slice(0, m))
     assert want[0] != 1700 and want[1] == 40 and want[2] != 2499
+    FrameStepper._record(ref, want, slice(0, m), active)
     w_token, w_hidden = torch.where(active, want, token), torch.where(active[:, None], hid, hidden)
-    w_seen = seen.clone()
-    w_seen[active, want[active]] = True
-    w_count, w_pos = count + active.long(), pos + active.long()
+    w_seen, w_count, w_pos = ref.seen, ref.count, pos + active.long()
     dk.choose_commit(logits, hid, penalty, seen, suppress, eos, count, pos, active, token, hidden, 2)
     for name, got, exp in (("token", token, w_token), ("hidden", hidden, w_hidden), ("seen", seen, w_seen),
                            ("count", count, w_count), ("pos", pos, w_pos)):
