@@ -108,6 +108,9 @@ class Qwen3TTSModel:
             special = torch.tensor([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
             embeds = self.talker.text_embed(special.to(self.device))
             self.tts_bos, self.tts_eos, self.tts_pad = embeds.unbind(0)
+            pad = torch.tensor(cfg.talker.codec_pad_id, device=self.device)
+            self.codec_pad = self.talker.model.codec_embedding(pad)  # the non-streaming text track's codec side
+        self._leads: dict[tuple[int | None, Any], tuple[torch.Tensor, torch.Tensor]] = {}  # see _prompt_lead
 
     @classmethod
     def from_pretrained(
@@ -184,6 +187,46 @@ class Qwen3TTSModel:
         parts: list[torch.Tensor] = []
         if spec.instruct_ids:
             parts.append(self.text_embed(spec.instruct_ids))
+        lead, codec_last = self._prompt_lead(spec)
+        parts.append(lead)
+        offset: int | None
+        if spec.ref_codes is not None:
+            # In-context cloning: transcript+text track against [codec_bos] + reference frames.
+            ref_frames = self.talker.frame_embed(self.ids_on_device(spec.ref_codes))
+            codec_track = torch.cat([self.codec_embed([c.codec_bos_id]), ref_frames], 0)
+            m = codec_track.shape[0]
+            if spec.non_streaming:
+                full = torch.cat([self.text_embed(track), self.tts_eos.unsqueeze(0)], 0)
+                full = full + self.codec_pad
+                parts += [full, codec_track + self.tts_pad]
+                offset = None
+            else:
+                items = [self.track_embed(track, i, done) for i in range(m)]
+                parts.append(torch.stack(items, 0) + codec_track)
+                offset = m
+        elif spec.non_streaming:
+            full = torch.cat([self.text_embed(track), self.tts_eos.unsqueeze(0)], 0)
+            full = full + self.codec_pad
+            parts += [full, (self.tts_pad + codec_last).unsqueeze(0)]
+            offset = None
+        else:
+            parts.append((self.text_embed(track[:1])[0] + codec_last).unsqueeze(0))
+            offset = 1
+        return Prompt(torch.cat(parts, 0), offset)
+
+    def _prompt_lead(self, spec: VoiceSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's rows between the instructions and the text track (the role, then the codec prefix with
+        its text-side pads) and the codec prefix's last row, which the text track's first row adds.
+
+        They depend only on the language and the speaker, so for a speaker id they are built once per pair and
+        kept (the pairs come from the config, so the store stays small): building them is ~25 small device ops,
+        most of a prompt's host time, which a burst of arrivals otherwise pays request by request before its
+        prefill can start. An x-vector voice is built each time."""
+        key = None if spec.speaker_embedding is not None else (
+            spec.language_id, tuple(spec.speaker_id) if isinstance(spec.speaker_id, list) else spec.speaker_id)
+        if key in self._leads:
+            return self._leads[key]
+        c = self.cfg.talker
         if spec.language_id is None:
             codec_ids = [c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id]
         else:
@@ -196,33 +239,11 @@ class Qwen3TTSModel:
         codec.append(self.codec_embed([c.codec_pad_id, c.codec_bos_id]))
         codec_all = torch.cat(codec, 0)
         n = codec_all.shape[0]
-        parts.append(self.text_embed(self.tokenizer.role_ids()))
         text_side = torch.cat([self.tts_pad.expand(n - 2, -1), self.tts_bos.unsqueeze(0)], 0)
-        parts.append(text_side + codec_all[:-1])
-        offset: int | None
-        if spec.ref_codes is not None:
-            # In-context cloning: transcript+text track against [codec_bos] + reference frames.
-            ref_frames = self.talker.frame_embed(self.ids_on_device(spec.ref_codes))
-            codec_track = torch.cat([self.codec_embed([c.codec_bos_id]), ref_frames], 0)
-            m = codec_track.shape[0]
-            if spec.non_streaming:
-                full = torch.cat([self.text_embed(track), self.tts_eos.unsqueeze(0)], 0)
-                full = full + self.codec_embed([c.codec_pad_id]).expand(full.shape[0], -1)
-                parts += [full, codec_track + self.tts_pad]
-                offset = None
-            else:
-                items = [self.track_embed(track, i, done) for i in range(m)]
-                parts.append(torch.stack(items, 0) + codec_track)
-                offset = m
-        elif spec.non_streaming:
-            full = torch.cat([self.text_embed(track), self.tts_eos.unsqueeze(0)], 0)
-            full = full + self.codec_embed([c.codec_pad_id]).expand(full.shape[0], -1)
-            parts += [full, (self.tts_pad + codec_all[-1]).unsqueeze(0)]
-            offset = None
-        else:
-            parts.append((self.text_embed(track[:1])[0] + codec_all[-1]).unsqueeze(0))
-            offset = 1
-        return Prompt(torch.cat(parts, 0), offset)
+        lead = torch.cat([self.text_embed(self.tokenizer.role_ids()), text_side + codec_all[:-1]], 0), codec_all[-1]
+        if key is not None:
+            self._leads[key] = lead
+        return lead
 
     def prompt_ready(self, spec: VoiceSpec, track: list[int], done: bool) -> bool:
         """Whether the prompt can be built from the text known so far."""

@@ -285,8 +285,11 @@ class Qwen3TTSRunner:
     # ------------------------------------------------------------------ admission
 
     def add(self, request: SpeechRequest) -> None:
+        t0 = time.perf_counter()
         with self._on_ar_stream():
             self._add(request)
+        if self._timing is not None:
+            self._timing.add("add_request", time.perf_counter() - t0, 1)
 
     def _add(self, request: SpeechRequest) -> None:
         rid = request.request_id

@@ -1,10 +1,11 @@
 """Where an engine step's time goes (env STREAMVOX_QWEN3_TIMING=1): a diagnostic for GPU serving runs.
 
-The runner adds host time per step phase, GPU spans (CUDA events around frame steps and decoder calls, read
-only once they have completed, so timing never syncs) and per-request waits; at the end of each window of
-steps one log line reports their means and percentiles, plus any notes (the decoder's real and padded frames),
-and starts a new window. A window is 250 steps, or env STREAMVOX_QWEN3_TIMING_STEPS: about 10 resolves the few
-steps in which a round of requests arrives, is prefilled and gets its first audio (a 10 s request is 125 steps).
+The runner adds host time per step phase (and of adding requests between steps), GPU spans (CUDA events around
+frame steps and decoder calls, read only once they have completed, so timing never syncs) and per-request waits;
+at the end of each window of steps one log line reports their means and percentiles, plus any notes (the
+decoder's real and padded frames), and starts a new window. A window is 250 steps, or env
+STREAMVOX_QWEN3_TIMING_STEPS: about 10 resolves the few steps in which a round of requests arrives, is prefilled
+and gets its first audio (a 10 s request is 125 steps).
 """
 
 from __future__ import annotations
