@@ -167,7 +167,8 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
             for n_req in requests:
                 res[f"{name}_step_batch{n_req}"] = _check_step_graph(model, n_req)
         del model
-        torch.cuda.empty_cache() if device == "cuda" else None
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if device == "cuda":
         res.update(_check_graphed_decoder(model_dir))
     return res
@@ -191,7 +192,8 @@ def repeat(model_dir: str, device: str, dtypes: tuple = (torch.float32,)) -> dic
                                                 "frames": sum(v.shape[0] for v in base.values())}
             log(f"# repeat {name}: {mode} (run {i + 1}) against graph (run 1): {same} identical frames")
         del model
-        torch.cuda.empty_cache() if device == "cuda" else None
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return res
 
 
