@@ -317,6 +317,92 @@ def micro(model_dir: str) -> dict:
     return out
 
 
+def predictor_kernel(model_dir: str, states: int = 24) -> dict:
+    """The one-launch predictor passes (`predictor_kernel`) against the per-layer Triton kernels at one row,
+    bfloat16: the same frame step from the same random states through both (eager), frames identical, and
+    where they are, the predictor caches the passes wrote; the kernel's graph replayed against its eager run;
+    the one-row frame-step graph's time with and without it."""
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runner import _SlotCache
+
+    model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
+    tc = model.cfg.talker
+    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
+                       model.device)
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    steppers = {}
+    for name, env in (("kernel", "1"), ("layers", "0")):
+        os.environ["STREAMVOX_QWEN3_PREDICTOR_KERNEL"] = env
+        t0 = time.time()
+        steppers[name] = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True,
+                                      use_kernels=True)
+        log(f"# stepper with predictor kernel={env}: built in {time.time() - t0:.1f}s")
+    os.environ.pop("STREAMVOX_QWEN3_PREDICTOR_KERNEL")
+    on, off = steppers["kernel"], steppers["layers"]
+    assert on.pred_kernel is not None and off.pred_kernel is None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    torch.nn.init.normal_(cache.k, generator=gen)
+    torch.nn.init.normal_(cache.v, generator=gen)
+    saved = (cache.k.clone(), cache.v.clone())
+    same, worst = 0, 0.0
+    outs: dict[str, list] = {}
+    for i in range(states):
+        hidden = torch.randn(tc.hidden_size, device="cuda", generator=gen, dtype=torch.bfloat16)
+        tok = int(torch.randint(0, 2048, (1,), generator=gen, device="cuda"))
+        for name, st in steppers.items():
+            cache.k.copy_(saved[0])
+            cache.v.copy_(saved[1])
+            st.hidden[0] = hidden
+            st.token[0] = tok
+            st.pos[0] = 150
+            st.count[0] = 5
+            st.seen[0].zero_()
+            st.active[0] = True
+            st.text_ids[0] = 1000 + i
+            with torch.inference_mode():
+                if name == "kernel" and i == 0:  # the graph once: it must repeat the eager run bit for bit
+                    st.step(1, 256)
+                    torch.cuda.synchronize()
+                    graph_out = (st.frames[0].clone(), st.pk[:, 0].clone(), st.hidden[0].clone())
+                    cache.k.copy_(saved[0])
+                    cache.v.copy_(saved[1])
+                    for t, v in ((st.hidden, hidden), (st.token, tok), (st.pos, 150), (st.count, 5)):
+                        t[0] = v
+                    st.seen[0].zero_()
+                st._forward(1, 256)
+            torch.cuda.synchronize()
+            outs[name] = [st.frames[0].clone(), st.pk[:, 0].clone(), st.pv[:, 0].clone(), st.hidden[0].clone()]
+            if name == "kernel" and i == 0:
+                graph_same = all(torch.equal(a, b) for a, b in zip(graph_out, (outs[name][0], outs[name][1],
+                                                                              outs[name][3]), strict=True))
+        a, b = outs["kernel"], outs["layers"]
+        if torch.equal(a[0], b[0]):
+            same += 1
+            for x, y in zip(a[1:], b[1:], strict=True):
+                worst = max(worst, float((x.float() - y.float()).norm() / y.float().norm()))
+        else:
+            log(f"# predictor kernel state {i}: frames differ: {a[0].tolist()} vs {b[0].tolist()}")
+    res = {"states": states, "identical_frames": same, "worst_rel_err_when_identical": worst,
+           "graph_identical_to_eager": graph_same, "shared_bytes": on.pred_kernel.shared_bytes,
+           "grid": on.pred_kernel.grid}
+    log(f"# predictor kernel vs per-layer kernels, one row, bf16: {json.dumps(res)}")
+    for name, st in steppers.items():
+        st.pos[0] = 150
+        st.step(1, 256)
+        res[f"step_graph_b1_{name}_ms"] = _time_cuda(lambda st=st: st.step(1, 256), iters=50, warm=3)
+        log(f"# frame step graph, one row, width 256, predictor {name}: {res[f'step_graph_b1_{name}_ms']:.3f} ms")
+    x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    frames = torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda")
+    total = torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+    from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
+
+    graph, _ = capture_graph(lambda: on.pred_kernel(x, frames, total), None)
+    res["kernel_alone_ms"] = _time_cuda(graph.replay, iters=50, warm=3)
+    log(f"# predictor kernel alone (14 passes, graph): {res['kernel_alone_ms'] * 1e3:.1f} us")
+    return res
+
+
 def _micro_decoder_dtypes(model_dir: str, which: str) -> dict:
     """The streaming decoder (eager) per dtype: 25-frame chunks at 1, 16, 64 streams, first chunks, and each
     dtype's error against strict fp32 (`which`: "tf32" times only fp32 with TF32, plus the graphed decoder)."""
@@ -676,6 +762,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--repeat", action="store_true")
     ap.add_argument("--micro", action="store_true")
+    ap.add_argument("--predictor-kernel", action="store_true")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reference", action="store_true")
@@ -711,6 +798,7 @@ def main() -> None:
              ("check", lambda: check(args.model, args.device, dtypes, tuple(args.check_requests))),
              ("repeat", lambda: repeat(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
+             ("predictor_kernel", lambda: predictor_kernel(args.model)),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:

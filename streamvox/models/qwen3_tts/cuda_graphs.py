@@ -238,6 +238,8 @@ class FrameStepper:
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
         self.pv = torch.zeros_like(self.pk)
+        # one-row steps: the 14 single-position predictor passes in one launch (CUDA, the released shapes)
+        self.pred_kernel = predictor_passes(model, self.pstack, self.pk, self.pv) if kernels is not None else None
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
         # persistent state (index = slot)
@@ -551,6 +553,9 @@ class FrameStepper:
                 e = dk.select_rows(scores, table, frames[:, j + 1], embed, embed=not last_pass)
                 if not last_pass:
                     h = proj(e)
+            if rows == 1 and self.pred_kernel is not None:  # the other passes in one launch
+                self.pred_kernel(h.view(-1), frames[0], embed[0])
+                return
 
     @torch.inference_mode()
     def step(self, rows: int, width: int) -> None:
@@ -602,6 +607,14 @@ class FrameStepper:
                 if rows * width <= PREFILL_MAX_TOKENS and (rows, width) not in self.prefill_graphs:
                     self._capture_prefill(rows, width)
         torch.cuda.synchronize()
+
+
+def predictor_passes(model, pstack: _FusedStack, pk: torch.Tensor, pv: torch.Tensor):
+    """`predictor_kernel.PredictorPasses` where it can run (CUDA), else None."""
+    if model.device.type != "cuda":
+        return None
+    from streamvox.models.qwen3_tts import predictor_kernel
+    return predictor_kernel.predictor_passes(model, pstack, pk, pv)
 
 
 def _decode_kernels(device: torch.device, use: bool | None):
