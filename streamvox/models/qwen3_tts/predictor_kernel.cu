@@ -516,7 +516,7 @@ void launch(const std::vector<int64_t>& ptrs, const std::vector<int64_t>& ints, 
   p.cache_layer = ints.at(0), p.cache_head = ints.at(1), p.cache_pos = ints.at(2);
   p.first = static_cast<int>(ints.at(3)), p.last = static_cast<int>(ints.at(4)), p.ht = static_cast<int>(ints.at(5));
   const int grid = static_cast<int>(ints.at(6));
-  if (grid > THREADS || p.ht > XS || p.ht % 8) throw std::runtime_error("predictor_passes: grid or hidden size");
+  if (grid > THREADS || p.ht % 8) throw std::runtime_error("predictor_passes: grid or hidden size");
   if (p.first < 1 || p.last >= static_cast<int>(tables) || p.last + 1 >= MAX_GROUPS)
     throw std::runtime_error("predictor_passes: passes out of range");
   p.eps = static_cast<float>(floats.at(0)), p.norm_eps = static_cast<float>(floats.at(1));
