@@ -172,6 +172,23 @@ def test_barge_in_new_response_cancels_running_one(espeak_server):
     asyncio.run(run())
 
 
+def test_response_created_comes_before_the_next_events_answer(espeak_server):
+    """The server answers client events in the order they came: a response.create's response.created before the
+    error for the event sent right after it (a client waiting on that error then knows a response is running)."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        for _ in range(5):
+            await client.send({"type": "response.create", "response": {"instructions": "Hello."}})
+            await client.send({"type": "bogus.event", "event_id": "next"})
+            events = await client.until("error")
+            assert events[-1]["error"]["event_id"] == "next"
+            assert "response.created" in [e["type"] for e in events[:-1]], [e["type"] for e in events]
+            await client.until("response.done")
+        await client.close()
+
+    asyncio.run(run())
+
+
 def test_session_created_shapes_and_responder(espeak_server):
     async def run():
         ga = await RealtimeClient.connect(espeak_server)

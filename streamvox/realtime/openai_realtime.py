@@ -506,6 +506,8 @@ class RealtimeSession:
         response = self._new_response(event.get("response"))
         await self._stop_response("client_cancelled")  # barge-in: the running response ends first
         self.response = response
+        # announced before the next client event is read, so events answer the client's in the order it sent them
+        await self.send("response.created", response=self._response_object(response, "in_progress", []))
         response.task = asyncio.create_task(self._respond(response))
 
     async def response_cancel(self, event: dict) -> None:
@@ -588,7 +590,6 @@ class RealtimeSession:
         content_type = assistant_content_type(d, r.audio)
         item = {"id": r.item_id, "object": "realtime.item", "type": "message", "status": "in_progress",
                 "role": "assistant", "content": []}
-        await self.send("response.created", response=self._response_object(r, "in_progress", []))
         await self.send("response.output_item.added", response_id=r.id, output_index=0, item=item)
         previous = None
         if r.in_conversation:
