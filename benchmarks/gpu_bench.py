@@ -322,7 +322,7 @@ def predictor_kernel(model_dir: str, states: int = 24) -> dict:
     bfloat16: the same frame step from the same random states through both (eager), frames identical, and
     where they are, the predictor caches the passes wrote; the kernel's graph replayed against its eager run;
     the one-row frame-step graph's time with and without it."""
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, capture_graph
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
     from streamvox.models.qwen3_tts.runner import _SlotCache
 
@@ -347,29 +347,30 @@ def predictor_kernel(model_dir: str, states: int = 24) -> dict:
     saved = (cache.k.clone(), cache.v.clone())
     same, worst = 0, 0.0
     outs: dict[str, list] = {}
+
+    def reset(st: FrameStepper, hidden: torch.Tensor, tok: int, i: int) -> None:
+        """Row 0 of `st` and the talker cache back to random state `i`."""
+        cache.k.copy_(saved[0])
+        cache.v.copy_(saved[1])
+        st.hidden[0] = hidden
+        st.token[0] = tok
+        st.pos[0] = 150
+        st.count[0] = 5
+        st.seen[0].zero_()
+        st.active[0] = True
+        st.text_ids[0] = 1000 + i
+
     for i in range(states):
         hidden = torch.randn(tc.hidden_size, device="cuda", generator=gen, dtype=torch.bfloat16)
         tok = int(torch.randint(0, 2048, (1,), generator=gen, device="cuda"))
         for name, st in steppers.items():
-            cache.k.copy_(saved[0])
-            cache.v.copy_(saved[1])
-            st.hidden[0] = hidden
-            st.token[0] = tok
-            st.pos[0] = 150
-            st.count[0] = 5
-            st.seen[0].zero_()
-            st.active[0] = True
-            st.text_ids[0] = 1000 + i
+            reset(st, hidden, tok, i)
             with torch.inference_mode():
                 if name == "kernel" and i == 0:  # the graph once: it must repeat the eager run bit for bit
                     st.step(1, 256)
                     torch.cuda.synchronize()
                     graph_out = (st.frames[0].clone(), st.pk[:, 0].clone(), st.hidden[0].clone())
-                    cache.k.copy_(saved[0])
-                    cache.v.copy_(saved[1])
-                    for t, v in ((st.hidden, hidden), (st.token, tok), (st.pos, 150), (st.count, 5)):
-                        t[0] = v
-                    st.seen[0].zero_()
+                    reset(st, hidden, tok, i)
                 st._forward(1, 256)
             torch.cuda.synchronize()
             outs[name] = [st.frames[0].clone(), st.pk[:, 0].clone(), st.pv[:, 0].clone(), st.hidden[0].clone()]
@@ -395,8 +396,6 @@ def predictor_kernel(model_dir: str, states: int = 24) -> dict:
     x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     frames = torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda")
     total = torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda")
-    from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
-
     graph, _ = capture_graph(lambda: on.pred_kernel(x, frames, total), None)
     res["kernel_alone_ms"] = _time_cuda(graph.replay, iters=50, warm=3)
     log(f"# predictor kernel alone (14 passes, graph): {res['kernel_alone_ms'] * 1e3:.1f} us")

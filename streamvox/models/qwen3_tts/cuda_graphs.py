@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from streamvox.models.qwen3_tts.predictor_kernel import predictor_passes
+
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
@@ -607,14 +609,6 @@ class FrameStepper:
                 if rows * width <= PREFILL_MAX_TOKENS and (rows, width) not in self.prefill_graphs:
                     self._capture_prefill(rows, width)
         torch.cuda.synchronize()
-
-
-def predictor_passes(model, pstack: _FusedStack, pk: torch.Tensor, pv: torch.Tensor):
-    """`predictor_kernel.PredictorPasses` where it can run (CUDA), else None."""
-    if model.device.type != "cuda":
-        return None
-    from streamvox.models.qwen3_tts import predictor_kernel
-    return predictor_kernel.predictor_passes(model, pstack, pk, pv)
 
 
 def _decode_kernels(device: torch.device, use: bool | None):

@@ -182,12 +182,10 @@ __device__ __forceinline__ void load8(float* dst, const T* v) {
   }
 }
 
-// xs = the floats of vector v (n elements), and xr = those of the residual stream x if given, in one round
-// trip to the L2.
-__device__ void load_vec(float* xs, const T* v, int n, float* xr = nullptr, const T* x = nullptr) {
+// xs = the floats of vector v (n elements) and xr = those of the residual stream x, in one round trip to the L2.
+__device__ void load_vec(float* xs, const T* v, int n, float* xr, const T* x) {
   for (int c = threadIdx.x; c < n / 8; c += THREADS) load8(xs + 8 * c, v + 8 * c);
-  if (xr != nullptr)
-    for (int c = threadIdx.x; c < H / 8; c += THREADS) load8(xr + 8 * c, x + 8 * c);
+  for (int c = threadIdx.x; c < H / 8; c += THREADS) load8(xr + 8 * c, x + 8 * c);
   __syncthreads();
 }
 
