@@ -191,6 +191,7 @@ def test_fuzz_text_stream_events(espeak_server):
                      {"type": "input.done"}, {"type": "input.text", "text": "And again."}])
     @example(events=[{"type": "input.text", "text": "One, "}, {"type": "input.cancel"},
                      {"type": "input.text", "text": "two."}])
+    @example(events=[{"type": "input.text", "text": "Three."}])  # no cancel to race: one utterance, spoken
     def check(events):
         with ws_client.connect(f"{server.ws_url}/v1/audio/speech/stream", additional_headers=server.headers(),
                                max_size=None, open_timeout=10) as ws:
