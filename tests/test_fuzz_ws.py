@@ -5,7 +5,8 @@
 binary frames). Properties: the session stays open and answers a sentinel
 event after the sequence; every `error` is in the protocol's shape and never
 the catch-all `server_error` (a bug); text-stream utterances each get exactly one
-`audio.start` and one `audio.done`, in order; the server never dies; a good
+`audio.start` and one `audio.done`, in order, and `session.close` closes with
+1000 only after the last of them; the server never dies; a good
 concurrent SSE stream stays byte-identical to its solo run.
 """
 
@@ -15,9 +16,11 @@ import base64
 import json
 import os
 
+import pytest
 import websockets.sync.client as ws_client
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosedOK
 
 from tests.test_fuzz_http import FUZZ, SEEN, json_values, numbers, run_with_good_stream
 
@@ -191,37 +194,38 @@ def test_fuzz_text_stream_events(espeak_server):
                      {"type": "input.done"}, {"type": "input.text", "text": "And again."}])
     @example(events=[{"type": "input.text", "text": "One, "}, {"type": "input.cancel"},
                      {"type": "input.text", "text": "two."}])
-    @example(events=[{"type": "input.text", "text": "Three."}])  # no cancel to race: one utterance, spoken
     def check(events):
         with ws_client.connect(f"{server.ws_url}/v1/audio/speech/stream", additional_headers=server.headers(),
                                max_size=None, open_timeout=10) as ws:
             for frame in events:
                 send_frame(ws, frame)
-            ws.send(json.dumps({"type": "input.done"}))  # close an open utterance: it is spoken to the end
             ws.send(json.dumps({"type": "fuzz.sentinel"}))
+            ws.send(json.dumps({"type": "session.close"}))  # speaks the open utterance to the end, then closes
             SEEN["text_stream", "sessions"] += 1
             started, done = [], []
             sentinel_seen = False
-            while not (sentinel_seen and len(done) == len(started)):  # every utterance gets its audio.done
-                message = ws.recv(RECV_TIMEOUT_S)
-                if isinstance(message, bytes):
-                    assert len(started) == len(done) + 1, "audio outside an utterance"
-                    continue
-                event = json.loads(message)
-                if event["type"] == "audio.start":
-                    assert len(started) == len(done)
-                    started.append(event["utterance_index"])
-                elif event["type"] == "audio.done":
-                    assert started and event["utterance_index"] == started[-1] and len(done) == len(started) - 1
-                    assert event["reason"] in ("stop", "length", "cancelled", "error")
-                    done.append(event["utterance_index"])
-                    SEEN["text_stream", "audio.done"] += 1
-                else:
-                    assert event["type"] == "error", event
-                    assert isinstance(event["message"], str) and isinstance(event["code"], str), event
-                    assert event["code"] != "server_error", f"a handler raised: {events!r} -> {event}"
-                    if event["code"] == "unknown_event_type" and "fuzz.sentinel" in event["message"]:
-                        sentinel_seen = True
+            with pytest.raises(ConnectionClosedOK) as closed:  # every utterance gets its audio.done before 1000
+                while True:
+                    message = ws.recv(RECV_TIMEOUT_S)
+                    if isinstance(message, bytes):
+                        assert len(started) == len(done) + 1, "audio outside an utterance"
+                        continue
+                    event = json.loads(message)
+                    if event["type"] == "audio.start":
+                        assert len(started) == len(done)
+                        started.append(event["utterance_index"])
+                    elif event["type"] == "audio.done":
+                        assert started and event["utterance_index"] == started[-1] and len(done) == len(started) - 1
+                        assert event["reason"] in ("stop", "length", "cancelled", "error")
+                        done.append(event["utterance_index"])
+                        SEEN["text_stream", "audio.done"] += 1
+                    else:
+                        assert event["type"] == "error", event
+                        assert isinstance(event["message"], str) and isinstance(event["code"], str), event
+                        assert event["code"] != "server_error", f"a handler raised: {events!r} -> {event}"
+                        if event["code"] == "unknown_event_type" and "fuzz.sentinel" in event["message"]:
+                            sentinel_seen = True
+            assert closed.value.rcvd.code == 1000 and sentinel_seen and len(done) == len(started)
             assert started == sorted(started) and len(set(started)) == len(started)
 
     run_with_good_stream(server, check)
