@@ -7,10 +7,10 @@ against ~7.5 us of reading (H200). This kernel runs all 14 passes in one launch 
 multiprocessor, phases separated by grid-wide barriers (21 a pass: every block computes the whole attention
 itself, and the next pass's input is looked up in a table of the code embeddings already projected, built
 here once), each block copying its share of the next projection's weights into shared memory while the
-current phase and its barrier run.
+current phase (once its input is loaded) and its barrier run.
 
-On an H200 (1.7B shapes) it took the one-row frame step from 3.64 to 3.46 ms and the one-stream RTF from
-0.0483 to 0.0461 (benchmarks/RESULTS.md, session 18).
+On an H200 (1.7B shapes) it takes the one-row frame step from 3.65 to 3.26 ms and the one-stream RTF from
+0.0483 to 0.0436 (benchmarks/RESULTS.md, sessions 18 and 21).
 
 Built at first use with the CUDA compiler through `torch.utils.cpp_extension` (15-20 s, then cached);
 used for one-row frame steps of the shapes it is written for (the released 0.6B and 1.7B code predictors),
