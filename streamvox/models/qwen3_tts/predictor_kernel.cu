@@ -378,9 +378,12 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
     wait_copies(bars + (widx & 1), (widx >> 1) & 1);
     return weights_of(p, pass, step, layer);
   };
-  // Compute weight phase widx from its buffer: each warp takes rows warp, warp + WARPS, ... of the block's
-  // CB-row blocks; `emit(row, acc, acc_up)` (lane 0) gets each output row's sums.
+  // Compute weight phase widx from its buffer, its input now in xs: each warp takes rows warp, warp + WARPS, ...
+  // of the block's CB-row blocks; `emit(row, acc, acc_up)` (lane 0) gets each output row's sums. The next weight
+  // phase's copy is issued first: not at the phase's start, as that copy traffic slowed the input's load from
+  // the L2 (the launch took 1855 us against 1639).
   auto gemv = [&](const WPhase& ph, auto&& emit) {
+    issue(p, widx + 1, bufs[(widx + 1) & 1], bars + ((widx + 1) & 1));
     const T* buf = bufs[widx & 1];
     const int mine = (ph.blocks - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
     for (int it = warp; it < mine * CB; it += WARPS) {
@@ -392,9 +395,6 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
     }
     ++widx;
   };
-  // Copy the next weight phase's rows: called once the phase's input is in shared memory, as the copy traffic
-  // issued at the phase's start slowed that input's load from the L2 (the launch took 1855 us against 1639).
-  auto issue_next = [&]() { issue(p, widx + 1, bufs[(widx + 1) & 1], bars + ((widx + 1) & 1)); };
   auto residual = [&](int c, float acc, float) { p.x[c] = __float2bfloat16(rnd(acc) + xr[c]); };
 
   const T* in = p.x;  // the pass's input: the residual stream until the first layer has written it
@@ -409,20 +409,17 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
       WPhase ph = begin();  // q/k/v; the attention's cached keys and values into the next buffer's tail
       prefetch_cache(p, l, pos, bufs[(widx + 1) & 1] + p.buf_elems - KVS_ELEMS);
       load_norm(xs, red, in, L.ln, p.eps);
-      issue_next();
       gemv(ph, [&](int c, float acc, float) { p.qkv[c] = __float2bfloat16(acc); });
       grid_sync(p.counter, target);
 
       ph = begin();  // attention, output projection
       attention(p, l, pos, in, xs, xr, bufs[widx & 1] + p.buf_elems - KVS_ELEMS, nw, cs, sn);
-      issue_next();
       gemv(ph, residual);
       grid_sync(p.counter, target);
       in = p.x;
 
       ph = begin();  // gate/up, SwiGLU
       load_norm(xs, red, p.x, L.ln2, p.eps);
-      issue_next();
       gemv(ph, [&](int c, float acc, float acc2) {
         const float g = rnd(acc);
         p.act[c] = __float2bfloat16(rnd(g / (1.f + expf(-g))) * rnd(acc2));
@@ -431,7 +428,6 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
 
       ph = begin();  // down
       load_vec(xs, p.act, INTER, xr, p.x);
-      issue_next();
       gemv(ph, residual);
       grid_sync(p.counter, target);
     }
@@ -439,7 +435,6 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
     // head: scores rounded to the weights' dtype (as out_dtype=float32 does); the block's best to part_*
     WPhase ph = begin();
     load_norm(xs, red, p.x, p.norm, p.norm_eps);
-    issue_next();
     float best = -INFINITY;
     int idx = 0x7fffffff;
     gemv(ph, [&](int c, float acc, float) { better(best, idx, rnd(acc), c); });
