@@ -317,36 +317,43 @@ def micro(model_dir: str) -> dict:
     return out
 
 
-def predictor_kernel(model_dir: str, states: int = 24) -> dict:
-    """The one-launch predictor passes (`predictor_kernel`) against the per-layer Triton kernels at one row,
-    bfloat16: the same frame step from the same random states through both (eager), frames identical, and
-    where they are, the predictor caches the passes wrote; the kernel's graph replayed against its eager run;
-    the one-row frame-step graph's time with and without it."""
+ONE_LAUNCH = {"predictor": ("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "pred_kernel"),
+              "talker": ("STREAMVOX_QWEN3_TALKER_KERNEL", "talk_kernel")}
+
+
+def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24) -> dict:
+    """A one-launch kernel (`which`: the code predictor's passes, `predictor_kernel`, or the talker's layers,
+    `talker_kernel`) against the per-layer Triton kernels at one row, bfloat16: the same frame step from the same
+    random states through both (eager); the step's codes (frame and next codebook-0 id) identical, and where they
+    are, the caches and hidden state it wrote; the kernel's graph replayed against its eager run; the one-row
+    frame-step graph's time with and without it, and the kernel's alone."""
     from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, capture_graph
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
     from streamvox.models.qwen3_tts.runner import _SlotCache
 
+    env, attr = ONE_LAUNCH[which]
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
     cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
                        model.device)
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     steppers = {}
-    for name, env in (("kernel", "1"), ("layers", "0")):
-        os.environ["STREAMVOX_QWEN3_PREDICTOR_KERNEL"] = env
+    for name, setting in (("kernel", "1"), ("layers", "0")):
+        os.environ[env] = setting
         t0 = time.time()
         steppers[name] = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True,
                                       use_kernels=True)
-        log(f"# stepper with predictor kernel={env}: built in {time.time() - t0:.1f}s")
-    os.environ.pop("STREAMVOX_QWEN3_PREDICTOR_KERNEL")
+        log(f"# stepper with {env}={setting}: built in {time.time() - t0:.1f}s")
+    os.environ.pop(env)
     on, off = steppers["kernel"], steppers["layers"]
-    assert on.pred_kernel is not None and off.pred_kernel is None
+    assert getattr(on, attr) is not None and getattr(off, attr) is None
     gen = torch.Generator(device="cuda").manual_seed(0)
     torch.nn.init.normal_(cache.k, generator=gen)
     torch.nn.init.normal_(cache.v, generator=gen)
     saved = (cache.k.clone(), cache.v.clone())
     same, worst = 0, 0.0
     outs: dict[str, list] = {}
+    pos = 150
 
     def reset(st: FrameStepper, hidden: torch.Tensor, tok: int, i: int) -> None:
         """Row 0 of `st` and the talker cache back to random state `i`."""
@@ -354,11 +361,16 @@ def predictor_kernel(model_dir: str, states: int = 24) -> dict:
         cache.v.copy_(saved[1])
         st.hidden[0] = hidden
         st.token[0] = tok
-        st.pos[0] = 150
+        st.pos[0] = pos
         st.count[0] = 5
         st.seen[0].zero_()
         st.active[0] = True
         st.text_ids[0] = 1000 + i
+
+    def result(st: FrameStepper) -> list:
+        """The step's codes, then what it wrote: predictor caches, talker cache at `pos`, hidden state."""
+        return [torch.cat([st.frames[0], st.token[:1]]), st.pk[:, 0].clone(), st.pv[:, 0].clone(),
+                cache.k[:, 0, :, pos].clone(), cache.v[:, 0, :, pos].clone(), st.hidden[0].clone()]
 
     for i in range(states):
         hidden = torch.randn(tc.hidden_size, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -369,36 +381,40 @@ def predictor_kernel(model_dir: str, states: int = 24) -> dict:
                 if name == "kernel" and i == 0:  # the graph once: it must repeat the eager run bit for bit
                     st.step(1, 256)
                     torch.cuda.synchronize()
-                    graph_out = (st.frames[0].clone(), st.pk[:, 0].clone(), st.hidden[0].clone())
+                    graph_out = result(st)
                     reset(st, hidden, tok, i)
                 st._forward(1, 256)
             torch.cuda.synchronize()
-            outs[name] = [st.frames[0].clone(), st.pk[:, 0].clone(), st.pv[:, 0].clone(), st.hidden[0].clone()]
+            outs[name] = result(st)
             if name == "kernel" and i == 0:
-                graph_same = all(torch.equal(a, b) for a, b in zip(graph_out, (outs[name][0], outs[name][1],
-                                                                              outs[name][3]), strict=True))
+                graph_same = all(torch.equal(a, b) for a, b in zip(graph_out, outs[name], strict=True))
         a, b = outs["kernel"], outs["layers"]
         if torch.equal(a[0], b[0]):
             same += 1
             for x, y in zip(a[1:], b[1:], strict=True):
                 worst = max(worst, float((x.float() - y.float()).norm() / y.float().norm()))
         else:
-            log(f"# predictor kernel state {i}: frames differ: {a[0].tolist()} vs {b[0].tolist()}")
-    res = {"states": states, "identical_frames": same, "worst_rel_err_when_identical": worst,
-           "graph_identical_to_eager": graph_same, "shared_bytes": on.pred_kernel.shared_bytes,
-           "grid": on.pred_kernel.grid}
-    log(f"# predictor kernel vs per-layer kernels, one row, bf16: {json.dumps(res)}")
+            log(f"# {which} kernel state {i}: codes differ: {a[0].tolist()} vs {b[0].tolist()}")
+    kernel = getattr(on, attr)
+    res = {"kernel": which, "states": states, "identical_frames": same, "worst_rel_err_when_identical": worst,
+           "graph_identical_to_eager": graph_same, "shared_bytes": kernel.shared_bytes, "grid": kernel.grid}
+    log(f"# {which} kernel vs per-layer kernels, one row, bf16: {json.dumps(res)}")
     for name, st in steppers.items():
-        st.pos[0] = 150
+        st.pos[0] = pos
         st.step(1, 256)
         res[f"step_graph_b1_{name}_ms"] = _time_cuda(lambda st=st: st.step(1, 256), iters=50, warm=3)
-        log(f"# frame step graph, one row, width 256, predictor {name}: {res[f'step_graph_b1_{name}_ms']:.3f} ms")
-    x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
-    frames = torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda")
-    total = torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda")
-    graph, _ = capture_graph(lambda: on.pred_kernel(x, frames, total), None)
+        log(f"# frame step graph, one row, width 256, {which} {name}: {res[f'step_graph_b1_{name}_ms']:.3f} ms")
+    if which == "predictor":
+        x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+        frames = torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda")
+        total = torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda")
+        graph, _ = capture_graph(lambda: kernel(x, frames, total), None)
+    else:
+        x = torch.randn(tc.hidden_size, device="cuda", dtype=torch.bfloat16)
+        at = torch.tensor([pos], device="cuda")
+        graph, _ = capture_graph(lambda: kernel(x, at, on.ar[:1]), None)
     res["kernel_alone_ms"] = _time_cuda(graph.replay, iters=50, warm=3)
-    log(f"# predictor kernel alone (14 passes, graph): {res['kernel_alone_ms'] * 1e3:.1f} us")
+    log(f"# {which} kernel alone (graph): {res['kernel_alone_ms'] * 1e3:.1f} us")
     return res
 
 
@@ -762,6 +778,7 @@ def main() -> None:
     ap.add_argument("--repeat", action="store_true")
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--predictor-kernel", action="store_true")
+    ap.add_argument("--talker-kernel", action="store_true")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reference", action="store_true")
@@ -797,7 +814,8 @@ def main() -> None:
              ("check", lambda: check(args.model, args.device, dtypes, tuple(args.check_requests))),
              ("repeat", lambda: repeat(args.model, args.device, dtypes)),
              ("micro", lambda: micro(args.model)),
-             ("predictor_kernel", lambda: predictor_kernel(args.model)),
+             ("predictor_kernel", lambda: one_launch_kernel(args.model, "predictor")),
+             ("talker_kernel", lambda: one_launch_kernel(args.model, "talker")),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from streamvox.models.qwen3_tts.predictor_kernel import predictor_passes
+from streamvox.models.qwen3_tts.talker_kernel import talker_layers
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -242,6 +243,8 @@ class FrameStepper:
         self.pv = torch.zeros_like(self.pk)
         # one-row steps: the 14 single-position predictor passes in one launch (CUDA, the released shapes)
         self.pred_kernel = predictor_passes(model, self.pstack, self.pk, self.pv) if kernels is not None else None
+        # and the talker's layers in one launch (CUDA, the released 1.7B shapes)
+        self.talk_kernel = talker_layers(model, self.tstack, cache) if kernels is not None else None
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
         # persistent state (index = slot)
@@ -460,19 +463,11 @@ class FrameStepper:
             ar_w = torch.arange(width, device=self.device)
             mask = (ar_w[None, :] <= p[:, None])[:, None, None, :]
         if kernels:
-            h, slot = x, self.ar[s]
-            for i in range(len(ts.layers)):
-                kc, vc = self.cache.k[i], self.cache.v[i]
-                if split:  # split_attend: the cache write and the attention in one launch
-                    h = ts.layer_rows(i, h, slot, p, kc, vc, width=width)
-                    continue
-
-                def attend(q, kc=kc, vc=vc):
-                    o = F.scaled_dot_product_attention(q[:, :, None], kc[:rows, :, :width], vc[:rows, :, :width],
-                                                       attn_mask=mask, enable_gqa=ts.gqa)
-                    return o.reshape(rows, -1)
-
-                h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
+            slot = self.ar[s]
+            if rows == 1 and self.talk_kernel is not None:  # the talker's layers in one launch
+                h = self.talk_kernel(x.view(-1), p, slot)
+            else:
+                h = self._talker_rows(x, slot, p, width, None if split else mask)
             h = ts.rms(h, ts.norm_w, ts.norm_eps)
             ts.kernels.choose_commit(ts.kernels.linear(h, talker.codec_head.weight, out_dtype=torch.float32), h,
                                      self.penalty[s], self.seen[s], self.suppress, self.eos_mask, self.count[s],
@@ -491,6 +486,25 @@ class FrameStepper:
         for i in range(len(ts.layers)):
             h = ts.layer(i, h, cos, sin, attend_t)
         self._commit(ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0], s, active, first, hidden)
+
+    def _talker_rows(self, h: torch.Tensor, slot: torch.Tensor, p: torch.Tensor, width: int,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """The talker's layers over one position per row with the Triton kernels: the attention by
+        `split_attend`, or with `mask` given by SDPA over the cache's first `width` positions."""
+        ts, rows = self.tstack, h.shape[0]
+        for i in range(len(ts.layers)):
+            kc, vc = self.cache.k[i], self.cache.v[i]
+            if mask is None:  # split_attend: the cache write and the attention in one launch
+                h = ts.layer_rows(i, h, slot, p, kc, vc, width=width)
+                continue
+
+            def attend(q, kc=kc, vc=vc):
+                o = F.scaled_dot_product_attention(q[:, :, None], kc[:rows, :, :width], vc[:rows, :, :width],
+                                                   attn_mask=mask, enable_gqa=ts.gqa)
+                return o.reshape(rows, -1)
+
+            h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
+        return h
 
     def _commit(self, h: torch.Tensor, s: slice, active: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor):
         """From the talker's final hidden states `h` `[rows, H]`: choose the next codebook-0 ids and

@@ -14,24 +14,20 @@
 // Rounding follows decode_kernels.py (float32 inside, the weights' dtype at each boundary), so results
 // match the per-layer kernels up to summation order.
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
+
+#include "persistent.cuh"
 
 namespace {
 
-using T = __nv_bfloat16;
+using namespace persistent;
 
 constexpr int H = 1024;      // predictor hidden size
 constexpr int NH = 16;       // query heads
 constexpr int NKV = 8;       // key/value heads
-constexpr int HD = 128;      // head dim
 constexpr int INTER = 3072;  // MLP width
 constexpr int LAYERS = 5;
 constexpr int VOCAB = 2048;  // codes per codebook
@@ -39,7 +35,7 @@ constexpr int MAX_GROUPS = 16;  // code groups (the attention's positions: share
 constexpr int THREADS = 512;
 constexpr int WARPS = THREADS / 32;
 constexpr int CB = 8;      // weight rows per block of a projection (one warp computes one row at a time)
-constexpr int XS = INTER;  // floats of a phase's input vector in shared memory
+constexpr int XS = INTER;  // elements of a phase's input vector in shared memory
 
 struct Layer {
   const T *ln, *qkv, *qn, *kn, *o, *ln2, *gu, *down;
@@ -68,29 +64,6 @@ struct Params {
   int buf_elems;                 // elements per shared-memory weight buffer
   float eps, norm_eps, scale;
 };
-
-__device__ __forceinline__ float rnd(float v) { return __bfloat162float(__float2bfloat16(v)); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Grid-wide barrier: block arrivals counted (release: the block's writes, ordered before by the
-// __syncthreads, become visible with it), thread 0 spinning until all have arrived (acquire).
-__device__ __forceinline__ void grid_sync(unsigned* counter, unsigned& target) {
-  __syncthreads();
-  target += gridDim.x;
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-    } while (v < target);
-  }
-  __syncthreads();
-}
 
 // A weight phase: this block's blocks of CB rows of `w` (row length k), blocks blockIdx.x + i * gridDim.x
 // of `blocks`; `segs` 2 for gate/up (each block's gate rows, then its up rows at + INTER rows).
@@ -122,10 +95,6 @@ __device__ bool phase_at(const Params& p, int idx, int& pass, int& step, int& la
   return pass <= p.last;
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* ptr) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
-}
-
 // Start copying weight phase `idx`'s rows for this block into `buf` with the bulk-copy engine, completing on
 // `bar` (nothing past the last phase). One thread issues them: thread 32, as thread 0 signals the grid barrier.
 __device__ void issue(const Params& p, int idx, T* buf, uint64_t* bar) {
@@ -134,106 +103,13 @@ __device__ void issue(const Params& p, int idx, T* buf, uint64_t* bar) {
   const WPhase ph = weights_of(p, pass, step, layer);
   const unsigned seg_bytes = CB * ph.k * sizeof(T);  // a block's rows of one segment: contiguous
   const int mine = (ph.blocks - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the buffer's last readers came first
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(mine * ph.segs * seg_bytes) : "memory");
+  expect_copies(bar, mine * ph.segs * seg_bytes);
   for (int n = 0; n < mine; ++n) {
     const long long b = blockIdx.x + static_cast<long long>(n) * gridDim.x;
     for (int s = 0; s < ph.segs; ++s) {
       const T* src = ph.w + (s * INTER + b * CB) * ph.k;
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   ::"r"(smem_addr(buf + (n * ph.segs + s) * CB * ph.k)), "l"(src), "r"(seg_bytes),
-                   "r"(smem_addr(bar)) : "memory");
+      bulk_copy(buf + (n * ph.segs + s) * CB * ph.k, src, seg_bytes, bar);
     }
-  }
-}
-
-// Wait until the copies completing on `bar` for its `parity`-th phase (mod 2) have landed.
-__device__ __forceinline__ void wait_copies(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
-}
-
-// Dot product of a weight row (16-byte aligned, k elements, shared memory) with xs (float, shared memory),
-// summed over the warp.
-__device__ __forceinline__ float dot_row(const T* w, const float* xs, int k, int lane) {
-  float acc = 0.f;
-  for (int c = lane; c < k / 8; c += 32) {
-    uint4 raw = reinterpret_cast<const uint4*>(w)[c];
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    float4 a = reinterpret_cast<const float4*>(xs)[2 * c];
-    float4 b = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-    float2 w0 = __bfloat1622float2(h2[0]), w1 = __bfloat1622float2(h2[1]);
-    float2 w2 = __bfloat1622float2(h2[2]), w3 = __bfloat1622float2(h2[3]);
-    acc += w0.x * a.x + w0.y * a.y + w1.x * a.z + w1.y * a.w + w2.x * b.x + w2.y * b.y + w3.x * b.z + w3.y * b.w;
-  }
-  return warp_sum(acc);
-}
-
-// 8 values at v (16-byte aligned; written by other blocks: read from the L2) as floats into dst.
-__device__ __forceinline__ void load8(float* dst, const T* v) {
-  uint4 raw = __ldcg(reinterpret_cast<const uint4*>(v));
-  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 f = __bfloat1622float2(h2[i]);
-    dst[2 * i] = f.x, dst[2 * i + 1] = f.y;
-  }
-}
-
-// xs = the floats of vector v (n elements) and xr = those of the residual stream x, in one round trip to the L2.
-__device__ void load_vec(float* xs, const T* v, int n, float* xr, const T* x) {
-  for (int c = threadIdx.x; c < n / 8; c += THREADS) load8(xs + 8 * c, v + 8 * c);
-  for (int c = threadIdx.x; c < H / 8; c += THREADS) load8(xr + 8 * c, x + 8 * c);
-  __syncthreads();
-}
-
-// xs = RMSNorm(x, w) rounded as the torch layers round it: normalise in float32, round, scale by w, round.
-__device__ void load_norm(float* xs, float* red, const T* x, const T* w, float eps) {
-  float ss = 0.f, v[8], wn[8];
-  const bool mine = threadIdx.x < H / 8;  // 8 values a thread, the norm weights loaded with them
-  if (mine) {
-    load8(v, x + 8 * threadIdx.x);
-    load8(wn, w + 8 * threadIdx.x);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-  }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int i = 0; i < WARPS; ++i) tot += red[i];
-  const float inv = 1.f / sqrtf(tot / H + eps);
-  if (mine)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) xs[8 * threadIdx.x + i] = rnd(rnd(v[i] * inv) * wn[i]);
-  __syncthreads();
-}
-
-// Query/key head norm and RoPE of one head's HD values at v (shared memory, one warp; lane owns r = lane,
-// lane + 32 of each half), in place, times `scale`: as decode_kernels._norm_rope. cs/sn: the position's
-// rounded cosines and sines [HD / 2]; w: the norm weights [HD] (float).
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(T v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float& dst, float v) { dst = v; }
-__device__ __forceinline__ void store(T& dst, float v) { dst = __float2bfloat16(v); }
-
-template <typename V>
-__device__ void norm_rope(V* v, const float* w, const float* cs, const float* sn, float eps, float scale) {
-  const int lane = threadIdx.x & 31;
-  float x1[2], x2[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) x1[i] = as_float(v[lane + 32 * i]), x2[i] = as_float(v[HD / 2 + lane + 32 * i]);
-  const float ss = warp_sum(x1[0] * x1[0] + x1[1] * x1[1] + x2[0] * x2[0] + x2[1] * x2[1]);
-  const float inv = 1.f / sqrtf(ss / HD + eps);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = lane + 32 * i;
-    const float a = rnd(rnd(x1[i] * inv) * w[r]), b = rnd(rnd(x2[i] * inv) * w[HD / 2 + r]);
-    store(v[r], rnd(a * cs[r] - b * sn[r]) * scale);
-    store(v[HD / 2 + r], rnd(b * cs[r] + a * sn[r]) * scale);
   }
 }
 
@@ -259,13 +135,13 @@ __device__ void prefetch_cache(const Params& p, int layer, int pos, T* kvs) {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// Every query head's attention output at position `pos` into xs[0, NH HD) (rounded as the per-layer kernels
-// store it), and the residual stream `x` into xr: each block computes all heads, so no barrier separates the
-// attention from the output projection. kvs holds positions [0, pos) (prefetch_cache); the new query, key and
-// value come from p.qkv, and block 0 stores the new key and value into the cache. nw [2 HD]: scratch for the
-// q/k norm weights; cs/sn: the position's RoPE table.
-__device__ void attention(const Params& p, int layer, int pos, const T* x, float* xs, float* xr, T* kvs, float* nw,
-                          const float* cs, const float* sn) {
+// Every query head's attention output at position `pos` into xb[0, NH HD) (rounded as the per-layer kernels
+// store it), and the residual stream `x` into xr; xs holds the queries. Each block computes all heads, so no
+// barrier separates the attention from the output projection. kvs holds positions [0, pos) (prefetch_cache);
+// the new query, key and value come from p.qkv, and block 0 stores the new key and value into the cache.
+// nw [2 HD]: scratch for the q/k norm weights; cs/sn: the position's RoPE table.
+__device__ void attention(const Params& p, int layer, int pos, const T* x, float* xs, T* xb, float* xr, T* kvs,
+                          float* nw, const float* cs, const float* sn) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const Layer& L = p.layer[layer];
   {  // one round trip to the L2: q (as floats), the new key and value (into kvs at pos), the residual, norms
@@ -324,9 +200,8 @@ __device__ void attention(const Params& p, int layer, int pos, const T* x, float
 #pragma unroll
     for (int r = 0; r < 4; ++r) out[r] += ei * __bfloat162float(kv[(i * 2 + 1) * HD + lane + 32 * r]);
   }
-  __syncthreads();  // every warp is done with the queries in xs
 #pragma unroll
-  for (int r = 0; r < 4; ++r) xs[warp * HD + lane + 32 * r] = rnd(out[r] / tot);
+  for (int r = 0; r < 4; ++r) xb[warp * HD + lane + 32 * r] = __float2bfloat16(out[r] / tot);
   __syncthreads();
 }
 
@@ -353,8 +228,9 @@ __device__ int chosen_code(const Params& p, float* red_val, int* red_idx) {
 __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* bufs[2] = {reinterpret_cast<T*>(smem), reinterpret_cast<T*>(smem) + p.buf_elems};
-  float* xs = reinterpret_cast<float*>(bufs[1] + p.buf_elems);  // [XS] a phase's input
-  float* xr = xs + XS;                                           // [H] the residual stream
+  T* xb = bufs[1] + p.buf_elems;                                 // [XS] a phase's input
+  float* xs = reinterpret_cast<float*>(xb + XS);                 // [NH HD] the attention's queries
+  float* xr = xs + NH * HD;                                      // [H] the residual stream
   float* nw = xr + H;                                            // [2 HD] q/k norm weights
   float* cs = nw + 2 * HD;                                       // [HD / 2] RoPE cosines at this pass
   float* sn = cs + HD / 2;                                       // [HD / 2] and sines
@@ -362,11 +238,7 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
   int* red_idx = reinterpret_cast<int*>(red + WARPS);            // [WARPS]
   uint64_t* bars = reinterpret_cast<uint64_t*>(red_idx + WARPS);  // [2] a buffer's copies done
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_barriers(bars, 2);
   unsigned target = 0;
   int widx = 0;  // the weight phase being computed
   issue(p, 0, bufs[0], bars);
@@ -378,7 +250,7 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
     wait_copies(bars + (widx & 1), (widx >> 1) & 1);
     return weights_of(p, pass, step, layer);
   };
-  // Compute weight phase widx from its buffer, its input now in xs: each warp takes rows warp, warp + WARPS, ...
+  // Compute weight phase widx from its buffer, its input now in xb: each warp takes rows warp, warp + WARPS, ...
   // of the block's CB-row blocks; `emit(row, acc, acc_up)` (lane 0) gets each output row's sums. The next weight
   // phase's copy is issued first: not at the phase's start, as that copy traffic slowed the input's load from
   // the L2 (the launch took 1855 us against 1639).
@@ -386,12 +258,30 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
     issue(p, widx + 1, bufs[(widx + 1) & 1], bars + ((widx + 1) & 1));
     const T* buf = bufs[widx & 1];
     const int mine = (ph.blocks - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
-    for (int it = warp; it < mine * CB; it += WARPS) {
-      const int n = it / CB, r = it % CB;
-      const T* w = buf + (n * ph.segs) * CB * ph.k + r * ph.k;
-      const float acc = dot_row(w, xs, ph.k, lane);
-      const float acc2 = ph.segs == 2 ? dot_row(w + CB * ph.k, xs, ph.k, lane) : 0.f;
-      if (lane == 0) emit((blockIdx.x + n * gridDim.x) * CB + r, acc, acc2);
+    const int rows = mine * CB;
+    auto row = [&](int it) { return buf + ((it / CB) * ph.segs * CB + it % CB) * ph.k; };
+    auto out = [&](int it) { return (blockIdx.x + (it / CB) * gridDim.x) * CB + it % CB; };
+    if (ph.segs == 2) {  // a row's gate and up sums together
+      for (int it = warp; it < rows; it += WARPS) {
+        const T* w[2] = {row(it), row(it) + CB * ph.k};
+        float acc[2];
+        dot_rows(w, xb, ph.k, lane, acc);
+        if (lane == 0) emit(out(it), acc[0], acc[1]);
+      }
+    } else {  // rows it and it + WARPS together
+      for (int it = warp; it < rows; it += 2 * WARPS) {
+        if (it + WARPS < rows) {
+          const T* w[2] = {row(it), row(it + WARPS)};
+          float acc[2];
+          dot_rows(w, xb, ph.k, lane, acc);
+          if (lane == 0) emit(out(it), acc[0], 0.f), emit(out(it + WARPS), acc[1], 0.f);
+        } else {
+          const T* w[1] = {row(it)};
+          float acc[1];
+          dot_rows(w, xb, ph.k, lane, acc);
+          if (lane == 0) emit(out(it), acc[0], 0.f);
+        }
+      }
     }
     ++widx;
   };
@@ -400,26 +290,23 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
   const T* in = p.x;  // the pass's input: the residual stream until the first layer has written it
   for (int pass = p.first; pass <= p.last; ++pass) {
     const int pos = pass + 1;
-    if (threadIdx.x < HD / 2) {
-      const float f = static_cast<float>(pos) * p.inv_freq[threadIdx.x];
-      cs[threadIdx.x] = rnd(cosf(f)), sn[threadIdx.x] = rnd(sinf(f));
-    }
+    rope_table(cs, sn, p.inv_freq, pos);
     for (int l = 0; l < LAYERS; ++l) {
       const Layer& L = p.layer[l];
       WPhase ph = begin();  // q/k/v; the attention's cached keys and values into the next buffer's tail
       prefetch_cache(p, l, pos, bufs[(widx + 1) & 1] + p.buf_elems - KVS_ELEMS);
-      load_norm(xs, red, in, L.ln, p.eps);
+      load_norm<H, THREADS>(xb, red, in, L.ln, p.eps);
       gemv(ph, [&](int c, float acc, float) { p.qkv[c] = __float2bfloat16(acc); });
       grid_sync(p.counter, target);
 
       ph = begin();  // attention, output projection
-      attention(p, l, pos, in, xs, xr, bufs[widx & 1] + p.buf_elems - KVS_ELEMS, nw, cs, sn);
+      attention(p, l, pos, in, xs, xb, xr, bufs[widx & 1] + p.buf_elems - KVS_ELEMS, nw, cs, sn);
       gemv(ph, residual);
       grid_sync(p.counter, target);
       in = p.x;
 
       ph = begin();  // gate/up, SwiGLU
-      load_norm(xs, red, p.x, L.ln2, p.eps);
+      load_norm<H, THREADS>(xb, red, p.x, L.ln2, p.eps);
       gemv(ph, [&](int c, float acc, float acc2) {
         const float g = rnd(acc);
         p.act[c] = __float2bfloat16(rnd(g / (1.f + expf(-g))) * rnd(acc2));
@@ -427,14 +314,14 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
       grid_sync(p.counter, target);
 
       ph = begin();  // down
-      load_vec(xs, p.act, INTER, xr, p.x);
+      load_vec<H, THREADS>(xb, p.act, INTER, xr, p.x);
       gemv(ph, residual);
       grid_sync(p.counter, target);
     }
 
     // head: scores rounded to the weights' dtype (as out_dtype=float32 does); the block's best to part_*
     WPhase ph = begin();
-    load_norm(xs, red, p.x, p.norm, p.norm_eps);
+    load_norm<H, THREADS>(xb, red, p.x, p.norm, p.norm_eps);
     float best = -INFINITY;
     int idx = 0x7fffffff;
     gemv(ph, [&](int c, float acc, float) { better(best, idx, rnd(acc), c); });
@@ -477,12 +364,8 @@ int shared_bytes(int grid, int& buf_elems) {
                         blocks_for(VOCAB, grid) * CB * H};
   buf_elems = 0;
   for (int s : shares) buf_elems = s > buf_elems ? s : buf_elems;
-  return 2 * buf_elems * static_cast<int>(sizeof(T)) +
-         (XS + H + 3 * HD + 2 * WARPS) * static_cast<int>(sizeof(float)) + 2 * static_cast<int>(sizeof(uint64_t));
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  return (2 * buf_elems + XS) * static_cast<int>(sizeof(T)) +
+         (NH * HD + H + 3 * HD + 2 * WARPS) * static_cast<int>(sizeof(float)) + 2 * static_cast<int>(sizeof(uint64_t));
 }
 
 // ptrs: layer weights (LAYERS x 8: ln, qkv, qn, kn, o, ln2, gu, down), norm, pk, pv, inv_freq, x, qkv, act,

@@ -25,20 +25,15 @@ resident while it waits could deadlock both; turn the kernel off there.
 
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
-
 import torch
 
-log = logging.getLogger(__name__)
+from streamvox.models.qwen3_tts.kernel_build import build, optional
 
 # The shapes the kernel is compiled for (its constexprs): hidden, heads, kv heads, head dim, MLP width,
 # layers, codes per codebook
 SHAPE = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072,
              num_hidden_layers=5, vocab_size=2048)
 MAX_GROUPS = 16
-_ext = None
 
 
 def unsupported(model) -> str | None:
@@ -65,22 +60,11 @@ def unsupported(model) -> str | None:
     return None
 
 
-def _build():
-    global _ext
-    if _ext is None:
-        from torch.utils.cpp_extension import load
-
-        src = Path(__file__).with_suffix(".cu")
-        _ext = load(name="streamvox_predictor_kernel", sources=[str(src)], extra_cuda_cflags=["-O3", "-std=c++17"],
-                    verbose=False)
-    return _ext
-
-
 class PredictorPasses:
     """Passes 1..groups-2 of the code predictor for row 0 (cache slot 0) of a `FrameStepper`, in one launch."""
 
     def __init__(self, model, pstack, pk: torch.Tensor, pv: torch.Tensor) -> None:
-        self.ext = _build()
+        self.ext = build("predictor_kernel.cu")
         dev = model.device
         cp = model.talker.code_predictor
         self.groups = model.cfg.talker.num_code_groups
@@ -134,19 +118,5 @@ class PredictorPasses:
 
 def predictor_passes(model, pstack, pk: torch.Tensor, pv: torch.Tensor) -> PredictorPasses | None:
     """The one-launch passes for this model, or None (unsupported, switched off, or the build failed)."""
-    env = os.environ.get("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "auto")
-    if env == "0":
-        return None
-    why = unsupported(model)
-    if why is not None:
-        if env == "1":
-            raise RuntimeError(f"predictor kernel: {why}")
-        log.info("predictor kernel not used: %s", why)
-        return None
-    try:
-        return PredictorPasses(model, pstack, pk, pv)
-    except Exception:
-        if env == "1":
-            raise
-        log.exception("predictor kernel unavailable; one-row steps keep the per-layer kernels")
-        return None
+    return optional("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "predictor kernel", unsupported(model),
+                    lambda: PredictorPasses(model, pstack, pk, pv))

@@ -1,5 +1,5 @@
-"""The code predictor's one-launch passes (predictor_kernel): where they are used, and on a GPU, against the
-per-layer Triton kernels."""
+"""The one-launch kernels, the code predictor's passes (predictor_kernel) and the talker's layers
+(talker_kernel): where they are used, and on a GPU, against the per-layer Triton kernels."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from qwen3_tiny import build_tiny_checkpoint
 
-from streamvox.models.qwen3_tts import predictor_kernel
+from streamvox.models.qwen3_tts import predictor_kernel, talker_kernel
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runner import _SlotCache
@@ -34,6 +34,21 @@ def test_kernel_only_for_the_shapes_it_is_built_for(tmp_path, monkeypatch) -> No
     assert stepper.pred_kernel is None  # on the CPU one-row steps keep the per-layer kernels
 
 
+def test_talker_kernel_only_for_the_shapes_it_is_built_for(tmp_path, monkeypatch) -> None:
+    model = Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice"))
+    assert talker_kernel.unsupported(model, 64).startswith("talker hidden_size ")
+    tc = model.cfg.talker
+    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, model.dtype, model.device)
+    monkeypatch.setenv("STREAMVOX_QWEN3_TALKER_KERNEL", "1")  # required: an unsupported model is an error
+    with pytest.raises(RuntimeError, match="talker kernel: talker hidden_size"):
+        talker_kernel.talker_layers(model, None, cache)
+    monkeypatch.setenv("STREAMVOX_QWEN3_TALKER_KERNEL", "auto")
+    assert talker_kernel.talker_layers(model, None, cache) is None
+    stepper = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                           use_kernels=True)
+    assert stepper.talk_kernel is None
+
+
 def test_next_inputs_are_the_projected_embeddings() -> None:
     """The kernel reads each pass's input from the code embeddings projected once at build time: they must be
     what the projection gives (rounded once to bfloat16), and the tables themselves for an identity."""
@@ -49,14 +64,15 @@ def test_next_inputs_are_the_projected_embeddings() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel needs a GPU")
-def test_kernel_matches_per_layer_kernels_on_gpu(tmp_path) -> None:  # pragma: no cover - GPU only
+@pytest.mark.parametrize("which", ["predictor", "talker"])
+def test_kernel_matches_per_layer_kernels_on_gpu(tmp_path, which) -> None:  # pragma: no cover - GPU only
     out = tmp_path / "q"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_real_shape_checkpoint.py"), "--size", "1.7b",
                     "--out", str(out)], check=True)
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_bench import predictor_kernel as compare
+    from gpu_bench import one_launch_kernel
 
-    res = compare(str(out), states=8)
+    res = one_launch_kernel(str(out), which, states=8)
     assert res["graph_identical_to_eager"]
     # greedy codes of random weights flip on near-ties between two summation orders (16 of 24 frames agreed
     # on the H200); where the frames agree, so do the caches and hidden states
