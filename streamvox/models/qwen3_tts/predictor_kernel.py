@@ -9,8 +9,8 @@ itself, and the next pass's input is looked up in a table of the code embeddings
 here once), each block copying its share of the next projection's weights into shared memory while the
 current phase (once its input is loaded) and its barrier run.
 
-On an H200 (1.7B shapes) it takes the one-row frame step from 3.65 to 3.26 ms and the one-stream RTF from
-0.0483 to 0.0436 (benchmarks/RESULTS.md, sessions 18 and 21).
+On an H200 (1.7B shapes, talker on its per-layer kernels) it takes the one-row frame step from 3.67 to 3.23 ms
+(the kernel alone 1.61 ms; benchmarks/RESULTS.md, sessions 18, 21 and 22).
 
 Built at first use with the CUDA compiler through `torch.utils.cpp_extension` (15-20 s, then cached);
 used for one-row frame steps of the shapes it is written for (the released 0.6B and 1.7B code predictors),
