@@ -27,6 +27,7 @@ from streamvox.models.qwen3_tts.kernel_build import build, optional
 # The shapes the kernel is compiled for (its constexprs)
 SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=6144,
              num_hidden_layers=28)
+MAX_SPAN = 256  # positions one block of the attention takes at most (talker_kernel.cu)
 
 
 def unsupported(model, max_len: int) -> str | None:
@@ -46,8 +47,6 @@ def unsupported(model, max_len: int) -> str | None:
         return f"a cache of {max_len} positions (at most {groups * MAX_SPAN} on this GPU)"
     return None
 
-
-MAX_SPAN = 256  # positions one block of the attention takes at most (talker_kernel.cu)
 
 
 class TalkerLayers:
