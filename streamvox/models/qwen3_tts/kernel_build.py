@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 K = TypeVar("K")
@@ -27,6 +29,42 @@ def build(source: str):
     name = f"streamvox_{Path(source).stem}_{hashlib.sha256(text).hexdigest()[:12]}"
     return load(name=name, sources=[str(HERE / source)], extra_include_paths=[str(HERE)],
                 extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+
+
+def shape_mismatch(cfg, shape: dict[str, int], what: str) -> str | None:
+    """The first of `cfg`'s sizes that differs from the kernel's `shape`, as a reason (None: all match)."""
+    for name, want in shape.items():
+        if getattr(cfg, name) != want:
+            return f"{what} {name} {getattr(cfg, name)} (the kernel is built for {want})"
+    return None
+
+
+def device_unsupported(model) -> str | None:
+    """Why a one-launch kernel cannot run on `model`'s weights and device (None: it can)."""
+    if model.dtype != torch.bfloat16:
+        return f"dtype {model.dtype} (the kernel reads bfloat16 weights)"
+    if model.device.type != "cuda":
+        return "not on CUDA"
+    if torch.cuda.get_device_capability(model.device) < (9, 0):
+        return "compute capability below 9.0 (no bulk copies)"
+    return None
+
+
+LAYER_WEIGHTS = ("w_ln", "w_qkv", "w_qn", "w_kn", "w_o", "w_ln2", "w_gu", "w_down")
+
+
+def layer_weights(stack) -> list[torch.Tensor]:
+    """A fused stack's layer weights in the kernels' order (LAYER_WEIGHTS, layer after layer)."""
+    return [layer[name] for layer in stack.layers for name in LAYER_WEIGHTS]
+
+
+def pointers(tensors: list[torch.Tensor], what: str) -> list[int]:
+    """The tensors' addresses for a kernel that reads them in 16-byte pieces; raises unless each is contiguous
+    and 16-byte aligned."""
+    for t in tensors:
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"{what}: weights and caches must be contiguous and 16-byte aligned")
+    return [t.data_ptr() for t in tensors]
 
 
 def optional(env: str, what: str, why: str | None, make: Callable[[], K]) -> K | None:

@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import torch
 
-from streamvox.models.qwen3_tts.kernel_build import build, optional
+from streamvox.models.qwen3_tts.kernel_build import (
+    build,
+    device_unsupported,
+    layer_weights,
+    optional,
+    pointers,
+    shape_mismatch,
+)
 
 # The shapes the kernel is compiled for (its constexprs): hidden, heads, kv heads, head dim, MLP width,
 # layers, codes per codebook
@@ -38,12 +45,9 @@ MAX_GROUPS = 16
 
 def unsupported(model) -> str | None:
     """Why the kernel cannot run `model`'s code predictor (None: it can). Needs no GPU."""
-    pc = model.talker.code_predictor.cfg
-    for name, want in SHAPE.items():
-        if getattr(pc, name) != want:
-            return f"code predictor {name} {getattr(pc, name)} (the kernel is built for {want})"
-    if model.dtype != torch.bfloat16:
-        return f"dtype {model.dtype} (the kernel reads bfloat16 weights)"
+    why = shape_mismatch(model.talker.code_predictor.cfg, SHAPE, "code predictor")
+    if why is not None:
+        return why
     groups = model.cfg.talker.num_code_groups
     if not 2 < groups <= MAX_GROUPS:
         return f"{groups} code groups"
@@ -53,11 +57,7 @@ def unsupported(model) -> str | None:
         return f"projection {type(proj).__name__}"
     if ht % 8:
         return f"talker hidden size {ht}"
-    if model.device.type != "cuda":
-        return "not on CUDA"
-    if torch.cuda.get_device_capability(model.device) < (9, 0):
-        return "compute capability below 9.0 (no bulk copies)"
-    return None
+    return device_unsupported(model)
 
 
 class PredictorPasses:
@@ -80,14 +80,11 @@ class PredictorPasses:
         heads = [cp.lm_head[j].weight for j in range(self.groups - 1)]
         tables = [cp.model.codec_embedding[j].weight for j in range(self.groups - 1)]
         self.next_in = self._projected(cp.small_to_mtp_projection, tables[first:last])
-        weights = [t for p in pstack.layers for t in (p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], p["w_o"],
-                                                      p["w_ln2"], p["w_gu"], p["w_down"])] + [pstack.norm_w]
         self.inv_freq = pstack.inv_freq.contiguous()
-        for t in weights + heads + tables + list(self.next_in) + [pk, pv]:
-            if not t.is_contiguous() or t.data_ptr() % 16:
-                raise ValueError("predictor kernel: weights and caches must be contiguous and 16-byte aligned")
+        pointers(heads + tables + list(self.next_in), "predictor kernel")  # checked; passed with gaps below
         s = self.scratch
-        self.head_ptrs = [w.data_ptr() for w in weights] + [pk.data_ptr(), pv.data_ptr(), self.inv_freq.data_ptr()]
+        self.head_ptrs = (pointers(layer_weights(pstack) + [pstack.norm_w, pk, pv], "predictor kernel")
+                          + [self.inv_freq.data_ptr()])
         self.scratch_ptrs = [s["qkv"].data_ptr(), s["act"].data_ptr(), s["part_val"].data_ptr(),
                              s["part_idx"].data_ptr()]
         self.table_ptrs = ([w.data_ptr() for w in heads] + [w.data_ptr() for w in tables] + [0] * first

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from streamvox.models.qwen3_tts.kernel_build import build, optional
+from streamvox.models.qwen3_tts.kernel_build import (
+    build,
+    device_unsupported,
+    layer_weights,
+    optional,
+    pointers,
+    shape_mismatch,
+)
 
 # The shapes the kernel is compiled for (its constexprs)
 SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=6144,
@@ -32,16 +39,9 @@ MAX_SPAN = 256  # positions one block of the attention takes at most (talker_ker
 
 def unsupported(model, max_len: int) -> str | None:
     """Why the kernel cannot run `model`'s talker over a cache of `max_len` positions (None: it can)."""
-    tc = model.cfg.talker
-    for name, want in SHAPE.items():
-        if getattr(tc, name) != want:
-            return f"talker {name} {getattr(tc, name)} (the kernel is built for {want})"
-    if model.dtype != torch.bfloat16:
-        return f"dtype {model.dtype} (the kernel reads bfloat16 weights)"
-    if model.device.type != "cuda":
-        return "not on CUDA"
-    if torch.cuda.get_device_capability(model.device) < (9, 0):
-        return "compute capability below 9.0 (no bulk copies)"
+    why = shape_mismatch(model.cfg.talker, SHAPE, "talker") or device_unsupported(model)
+    if why is not None:
+        return why
     groups = torch.cuda.get_device_properties(model.device).multi_processor_count // SHAPE["num_key_value_heads"]
     if max_len > groups * MAX_SPAN:
         return f"a cache of {max_len} positions (at most {groups * MAX_SPAN} on this GPU)"
@@ -66,19 +66,13 @@ class TalkerLayers:
                         torch.empty(tc.intermediate_size, **bf),
                         torch.empty(self.grid * (nh // nkv) * (hd + 2), dtype=torch.float32, device=dev),
                         torch.zeros(1 + nkv, dtype=torch.int32, device=dev)]
-        weights = [t for p in tstack.layers for t in (p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], p["w_o"],
-                                                      p["w_ln2"], p["w_gu"], p["w_down"])]
         self.inv_freq = tstack.inv_freq.contiguous()
         k, v = cache.k, cache.v
-        for t in weights + [k, v]:
-            if not t.is_contiguous() or t.data_ptr() % 16:
-                raise ValueError("talker kernel: weights and caches must be contiguous and 16-byte aligned")
-        self.ptrs = [w.data_ptr() for w in weights] + [k.data_ptr(), v.data_ptr()]
+        self.ptrs = pointers(layer_weights(tstack) + [k, v], "talker kernel")
         self.tail = [self.inv_freq.data_ptr()]
         self.out_ptrs = [self.x.data_ptr()] + [t.data_ptr() for t in self.scratch]
         self.ints = [k.stride(0), k.stride(1), k.stride(2), k.stride(3), k.shape[3], self.grid]
         self.floats = [tstack.eps, hd**-0.5]
-        self._keep = (k, v, weights)
 
     def __call__(self, x: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """The layers' output `[1, H]` (before the final norm) for input `x` `[H]` at position `pos[0]` of cache
