@@ -81,14 +81,13 @@ class PredictorPasses:
         tables = [cp.model.codec_embedding[j].weight for j in range(self.groups - 1)]
         self.next_in = self._projected(cp.small_to_mtp_projection, tables[first:last])
         self.inv_freq = pstack.inv_freq.contiguous()
-        pointers(heads + tables + list(self.next_in), "predictor kernel")  # checked; passed with gaps below
         s = self.scratch
         self.head_ptrs = (pointers(layer_weights(pstack) + [pstack.norm_w, pk, pv], "predictor kernel")
                           + [self.inv_freq.data_ptr()])
         self.scratch_ptrs = [s["qkv"].data_ptr(), s["act"].data_ptr(), s["part_val"].data_ptr(),
                              s["part_idx"].data_ptr()]
-        self.table_ptrs = ([w.data_ptr() for w in heads] + [w.data_ptr() for w in tables] + [0] * first
-                           + [t.data_ptr() for t in self.next_in] + [0] * (self.groups - 1 - last))
+        self.table_ptrs = (pointers(heads + tables, "predictor kernel") + [0] * first
+                           + pointers(list(self.next_in), "predictor kernel") + [0] * (self.groups - 1 - last))
         self.ints = [pk.stride(0), pk.stride(2), pk.stride(3), first, last, self.ht, self.grid]
         self.floats = [pstack.eps, pstack.norm_eps, pstack.hd**-0.5]
 

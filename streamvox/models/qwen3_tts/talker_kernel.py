@@ -48,7 +48,6 @@ def unsupported(model, max_len: int) -> str | None:
     return None
 
 
-
 class TalkerLayers:
     """The talker's layers for one row of a `FrameStepper`, in one launch."""
 
