@@ -26,10 +26,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Grid-wide barrier: block arrivals counted (release: the block's writes, ordered before by the
-// __syncthreads, become visible with it), thread 0 spinning until all have arrived (acquire).
+// Barrier of the block's first THREADS threads (a kernel may keep a warp beyond them out of its phases).
+template <int THREADS>
+__device__ __forceinline__ void sync_threads() {
+  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
+
+// Grid-wide barrier of the blocks' first THREADS threads: block arrivals counted (release: the block's writes,
+// ordered before by the block barrier, become visible with it), thread 0 spinning until all have arrived
+// (acquire).
+template <int THREADS>
 __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned& target) {
-  __syncthreads();
+  sync_threads<THREADS>();
   target += gridDim.x;
   if (threadIdx.x == 0) {
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
@@ -38,16 +46,26 @@ __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned& target) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
     } while (v < target);
   }
-  __syncthreads();
+  sync_threads<THREADS>();
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
+// Initialise an mbarrier whose phases complete after `count` arrivals (made visible by init_barriers).
+__device__ __forceinline__ void init_barrier(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+// One arrival on `bar` (release: this thread's reads of what it guards are done).
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 __device__ __forceinline__ void init_barriers(uint64_t* bars, int n) {
   if (threadIdx.x == 0) {
-    for (int i = 0; i < n; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)));
+    for (int i = 0; i < n; ++i) init_barrier(bars + i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -119,7 +137,7 @@ __device__ void load_vec(T* xb, const T* v, int n, float* xr, const T* x) {
   for (int c = threadIdx.x; c < n / 8; c += THREADS)
     reinterpret_cast<uint4*>(xb)[c] = __ldcg(reinterpret_cast<const uint4*>(v) + c);
   for (int c = threadIdx.x; c < H / 8; c += THREADS) load8(xr + 8 * c, x + 8 * c);
-  __syncthreads();
+  sync_threads<THREADS>();
 }
 
 // xb = RMSNorm(x, w) over H values (8 a thread: H / 8 <= THREADS) rounded as the torch layers round it:
@@ -137,7 +155,7 @@ __device__ void load_norm(T* xb, float* red, const T* x, const T* w, float eps) 
   }
   ss = warp_sum(ss);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-  __syncthreads();
+  sync_threads<THREADS>();
   float tot = 0.f;
 #pragma unroll
   for (int i = 0; i < THREADS / 32; ++i) tot += red[i];
@@ -149,7 +167,7 @@ __device__ void load_norm(T* xb, float* red, const T* x, const T* w, float eps) 
       out[i] = __floats2bfloat162_rn(rnd(v[2 * i] * inv) * wn[2 * i], rnd(v[2 * i + 1] * inv) * wn[2 * i + 1]);
     reinterpret_cast<uint4*>(xb)[threadIdx.x] = *reinterpret_cast<const uint4*>(out);
   }
-  __syncthreads();
+  sync_threads<THREADS>();
 }
 
 // The rounded RoPE cosines and sines of position `pos` into cs, sn [HD / 2] (threads [0, HD / 2)).

@@ -297,12 +297,12 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
       prefetch_cache(p, l, pos, bufs[(widx + 1) & 1] + p.buf_elems - KVS_ELEMS);
       load_norm<H, THREADS>(xb, red, in, L.ln, p.eps);
       gemv(ph, [&](int c, float acc, float) { p.qkv[c] = __float2bfloat16(acc); });
-      grid_sync(p.counter, target);
+      grid_sync<THREADS>(p.counter, target);
 
       ph = begin();  // attention, output projection
       attention(p, l, pos, in, xs, xb, xr, bufs[widx & 1] + p.buf_elems - KVS_ELEMS, nw, cs, sn);
       gemv(ph, residual);
-      grid_sync(p.counter, target);
+      grid_sync<THREADS>(p.counter, target);
       in = p.x;
 
       ph = begin();  // gate/up, SwiGLU
@@ -311,12 +311,12 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
         const float g = rnd(acc);
         p.act[c] = __float2bfloat16(rnd(g / (1.f + expf(-g))) * rnd(acc2));
       });
-      grid_sync(p.counter, target);
+      grid_sync<THREADS>(p.counter, target);
 
       ph = begin();  // down
       load_vec<H, THREADS>(xb, p.act, INTER, xr, p.x);
       gemv(ph, residual);
-      grid_sync(p.counter, target);
+      grid_sync<THREADS>(p.counter, target);
     }
 
     // head: scores rounded to the weights' dtype (as out_dtype=float32 does); the block's best to part_*
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(THREADS, 1) predictor_passes(const __grid_cons
       p.part_val[blockIdx.x] = best;
       p.part_idx[blockIdx.x] = idx;
     }
-    grid_sync(p.counter, target);
+    grid_sync<THREADS>(p.counter, target);
 
     // every block: the greedy code; block 0 records it and adds its embedding to the frame's sum
     const int tok = chosen_code(p, red, red_idx);

@@ -6,8 +6,10 @@
 // residual; the gate/up projection with SwiGLU; the down projection with the residual. Five barriers a layer.
 //
 // Each block owns a contiguous range of every projection's rows. Its weights stream through a ring of
-// shared-memory slots, a chunk of rows a slot, copied by the bulk-copy engine as soon as a slot is free: the
-// stream runs ahead across the phases' input loads, the attention and the barriers, by up to the ring's size.
+// shared-memory slots, a chunk of rows a slot, copied by the bulk-copy engine: one more warp does nothing but
+// refill each slot as soon as every computing warp has signalled that it is done with it, so the stream runs
+// ahead across the phases' input loads, the attention and the barriers, by up to the ring's size, and the
+// computing warps never wait for each other between chunks (only the warps that split a row do).
 //
 // Rounding follows decode_kernels.py (float32 inside, bfloat16 at each boundary), so results match the
 // per-layer kernels up to summation order.
@@ -30,7 +32,7 @@ constexpr int REP = NH / NKV;
 constexpr int INTER = 6144;  // MLP width
 constexpr int LAYERS = 28;
 constexpr int QKV_ROWS = (NH + 2 * NKV) * HD;
-constexpr int THREADS = 512;
+constexpr int THREADS = 512;          // the computing threads; one more warp refills the ring
 constexpr int WARPS = THREADS / 32;
 constexpr int SLOTS = 4;                // the ring of weight chunks
 constexpr int SLOT_ELEMS = 24 * 1024;  // 48 KB a slot
@@ -114,17 +116,27 @@ __device__ bool chunk_at(const Params& p, int ci, WPhase& ph, int& a, int& n) {
   return true;
 }
 
-// Start copying chunk `ci` into its slot of the ring (thread 32 issues; thread 0 signals the grid barrier).
-__device__ void issue(const Params& p, int ci, T* ring, uint64_t* bars) {
+// Start copying chunk `ci` into its slot of the ring, completing on full[slot]; false past the last chunk.
+__device__ bool issue(const Params& p, int ci, T* ring, uint64_t* full) {
   WPhase ph;
   int a, n;
-  if (threadIdx.x != 32 || !chunk_at(p, ci, ph, a, n)) return;
+  if (!chunk_at(p, ci, ph, a, n)) return false;
   const int s = ci % SLOTS;
   const unsigned bytes = n * ph.k * sizeof(T);  // a segment's rows: contiguous
-  expect_copies(bars + s, ph.segs * bytes);
+  expect_copies(full + s, ph.segs * bytes);
   for (int seg = 0; seg < ph.segs && n; ++seg)
     bulk_copy(ring + s * SLOT_ELEMS + seg * n * ph.k, ph.w + (static_cast<long long>(seg) * INTER + a) * ph.k,
-              bytes, bars + s);
+              bytes, full + s);
+  return true;
+}
+
+// The refilling warp's one thread: every chunk of the launch in order, each into its slot once the WARPS
+// computing warps have arrived on empty[slot] for the chunk before it there.
+__device__ void refill(const Params& p, T* ring, uint64_t* full, uint64_t* empty) {
+  for (int ci = 0;; ++ci) {
+    if (ci >= SLOTS) wait_copies(empty + ci % SLOTS, (ci / SLOTS - 1) & 1);
+    if (!issue(p, ci, ring, full)) return;
+  }
 }
 
 // Shared memory of the attention.
@@ -154,10 +166,10 @@ __device__ void attention(const Params& p, int layer, long long pos, long long s
     const int c = t - QC - 2 * KC;
     load8(m.nw + 8 * c, (c < KC ? L.qn : L.kn) + 8 * (c % KC));
   }
-  __syncthreads();
+  sync_threads<THREADS>();
   if (warp < REP) norm_rope(m.q + warp * HD, m.nw, m.cs, m.sn, p.eps, p.scale);
   else if (warp == REP) norm_rope(m.k, m.nw + HD, m.cs, m.sn, p.eps, 1.f);
-  __syncthreads();
+  sync_threads<THREADS>();
 
   const long long base = layer * p.cache_layer + slot * p.cache_slot + g * p.cache_head;
   T* kc = p.kc + base;
@@ -180,7 +192,7 @@ __device__ void attention(const Params& p, int layer, long long pos, long long s
       if (lane == 0) m.score[h * MAX_SPAN + i - lo] = sc;
     }
   }
-  __syncthreads();
+  sync_threads<THREADS>();
   if (warp < REP) {  // softmax over the block's positions: weights in place, max and sum to stat
     float* sc = m.score + warp * MAX_SPAN;
     float best = -INFINITY;
@@ -196,7 +208,7 @@ __device__ void attention(const Params& p, int layer, long long pos, long long s
     sum = warp_sum(sum);
     if (lane == 0) m.stat[2 * warp] = best, m.stat[2 * warp + 1] = sum;
   }
-  __syncthreads();
+  sync_threads<THREADS>();
   if (t < REP * HD) {  // output sums: a thread a (head, dim)
     const int h = t / HD, d = t % HD;
     float acc = 0.f;
@@ -210,14 +222,14 @@ __device__ void attention(const Params& p, int layer, long long pos, long long s
     if (t < REP * HD + HD) kc[pos * p.cache_pos + d] = __float2bfloat16(m.k[d]);
     else vc[pos * p.cache_pos + d] = __float2bfloat16(m.v[d]);
   }
-  __syncthreads();
+  sync_threads<THREADS>();
   if (t == 0) {  // the group's finished blocks counted; the last resets the count for the next layer
     __threadfence();
     const bool last = atomicAdd(p.counters + 1 + g, 1u) == static_cast<unsigned>(used - 1);
     if (last) atomicExch(p.counters + 1 + g, 0u), __threadfence();
     *m.last = last;
   }
-  __syncthreads();
+  sync_threads<THREADS>();
   if (*m.last && t < REP * HD) {
     const int h = t / HD, d = t % HD;
     float best = -INFINITY, total = 0.f, acc = 0.f;
@@ -233,7 +245,7 @@ __device__ void attention(const Params& p, int layer, long long pos, long long s
   }
 }
 
-__global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(THREADS + 32, 1) talker_layers(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);                         // [SLOTS][SLOT_ELEMS]
   T* xb = ring + SLOTS * SLOT_ELEMS;                            // [INTER] a phase's input
@@ -250,17 +262,24 @@ __global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constan
   float2* partial = reinterpret_cast<float2*>(am.stat + 2 * REP);  // [2][WARPS] split rows' sums
   float* red = reinterpret_cast<float*>(partial + 2 * WARPS);   // [WARPS]
   am.last = reinterpret_cast<int*>(red + WARPS);                // [2]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(am.last + 2);    // [SLOTS] a slot's copies done
+  uint64_t* full = reinterpret_cast<uint64_t*>(am.last + 2);    // [SLOTS] a slot's copies landed
+  uint64_t* empty = full + SLOTS;                                // [SLOTS] every computing warp done with it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  init_barriers(bars, SLOTS);
-  for (int i = 0; i < SLOTS; ++i) issue(p, i, ring, bars);
+  if (threadIdx.x == 0)
+    for (int i = 0; i < SLOTS; ++i) init_barrier(empty + i, WARPS);
+  init_barriers(full, SLOTS);
+  if (warp == WARPS) {
+    if (lane == 0) refill(p, ring, full, empty);
+    return;
+  }
   const long long pos = min(*p.pos, static_cast<long long>(p.max_pos - 1)), slot = *p.slot;
   rope_table(am.cs, am.sn, p.inv_freq, pos);
   unsigned target = 0;
   int ci = 0;  // the weight chunk being computed
 
-  // Weight phase `step` of `layer`, its input in xb: chunk after chunk from the ring, each slot refilled as soon
-  // as every warp is done with it; `emit(row, acc, acc_up)` (one lane) gets each output row's sums.
+  // Weight phase `step` of `layer`, its input in xb: chunk after chunk from the ring, each warp signalling when
+  // it is done with a slot; `emit(row, acc, acc_up)` (one lane) gets each output row's sums. A row split over
+  // ks warps is summed by its first warp once the group has met at named barrier 2 + row.
   auto gemv = [&](int layer, int step, auto&& emit) {
     const WPhase ph = weights_of(p, layer, step);
     int lo, hi;
@@ -268,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constan
     const int row = warp / ph.ks, part = warp % ph.ks, kk = ph.k / ph.ks;
     for (int j = 0, chunks = chunks_of(ph); j < chunks; ++j, ++ci) {
       const int s = ci % SLOTS, a = lo + j * ph.cr, n = max(0, min(ph.cr, hi - a));
-      wait_copies(bars + s, (ci / SLOTS) & 1);
+      wait_copies(full + s, (ci / SLOTS) & 1);
       float acc[2] = {0.f, 0.f};
       if (row < n) {
         const T* w = ring + s * SLOT_ELEMS + row * ph.k + part * kk;
@@ -282,11 +301,16 @@ __global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constan
           acc[0] = one[0];
         }
       }
-      float2* sums = partial + (ci & 1) * WARPS;  // two sets: a chunk's are read while the next is computed
-      if (ph.ks > 1 && lane == 0) sums[warp] = make_float2(acc[0], acc[1]);
-      __syncthreads();  // every warp is done with the slot
-      issue(p, ci + SLOTS, ring, bars);
-      if (row < n && part == 0 && lane == 0) {
+      __syncwarp();
+      if (lane == 0) arrive(empty + s);
+      if (row >= n) continue;
+      // two sets of sums: a group writes a chunk's only after its first warp has read the set two chunks back
+      float2* sums = partial + (ci & 1) * WARPS;
+      if (ph.ks > 1) {
+        if (lane == 0) sums[warp] = make_float2(acc[0], acc[1]);
+        asm volatile("bar.sync %0, %1;" ::"r"(2 + row), "r"(32 * ph.ks) : "memory");
+      }
+      if (part == 0 && lane == 0) {
         for (int i = 1; i < ph.ks; ++i) acc[0] += sums[warp + i].x, acc[1] += sums[warp + i].y;
         emit(a + row, acc[0], acc[1]);
       }
@@ -299,14 +323,14 @@ __global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constan
     const Layer& L = p.layer[l];
     load_norm<H, THREADS>(xb, red, in, L.ln, p.eps);
     gemv(l, QKV, [&](int c, float acc, float) { p.qkv[c] = __float2bfloat16(acc); });
-    grid_sync(p.counters, target);
+    grid_sync<THREADS>(p.counters, target);
 
     attention(p, l, pos, slot, am);
-    grid_sync(p.counters, target);
+    grid_sync<THREADS>(p.counters, target);
 
     load_vec<H, THREADS>(xb, p.attn, NH * HD, xr, in);
     gemv(l, O, residual);
-    grid_sync(p.counters, target);
+    grid_sync<THREADS>(p.counters, target);
     in = p.x;
 
     load_norm<H, THREADS>(xb, red, p.x, L.ln2, p.eps);
@@ -314,18 +338,18 @@ __global__ void __launch_bounds__(THREADS, 1) talker_layers(const __grid_constan
       const float g = rnd(acc);
       p.act[c] = __float2bfloat16(rnd(g / (1.f + expf(-g))) * rnd(acc2));
     });
-    grid_sync(p.counters, target);
+    grid_sync<THREADS>(p.counters, target);
 
     load_vec<H, THREADS>(xb, p.act, INTER, xr, p.x);
     gemv(l, DOWN, residual);
-    grid_sync(p.counters, target);
+    grid_sync<THREADS>(p.counters, target);
   }
 }
 
 constexpr int SHARED_BYTES = (SLOTS * SLOT_ELEMS + INTER) * sizeof(T) +
                              (H + REP * HD + 4 * HD + HD + REP * MAX_SPAN + 2 * REP + 4 * WARPS + WARPS + 2) *
                                  sizeof(float) +
-                             SLOTS * sizeof(uint64_t);
+                             2 * SLOTS * sizeof(uint64_t);
 
 // ptrs: layer weights (LAYERS x 8: ln, qkv, qn, kn, o, ln2, gu, down), k cache, v cache, pos, slot, inv_freq, in,
 // x, qkv, attn, act, part, counters. ints: cache strides (layer, slot, head, pos), positions the cache holds,
@@ -356,7 +380,7 @@ void launch(const std::vector<int64_t>& ptrs, const std::vector<int64_t>& ints, 
   p.eps = static_cast<float>(floats[0]), p.scale = static_cast<float>(floats[1]);
   auto s = reinterpret_cast<cudaStream_t>(stream);
   check(cudaMemsetAsync(p.counters, 0, (1 + NKV) * sizeof(unsigned), s), "counter reset");
-  talker_layers<<<grid, THREADS, SHARED_BYTES, s>>>(p);
+  talker_layers<<<grid, THREADS + 32, SHARED_BYTES, s>>>(p);
   check(cudaGetLastError(), "talker_layers launch");
 }
 
