@@ -98,25 +98,31 @@ __device__ __forceinline__ void wait_copies(uint64_t* bar, unsigned parity) {
 // twice the bytes, read with a two-way conflict).
 template <int N>
 __device__ __forceinline__ void dot_rows(const T* const (&w)[N], const T* xb, int k, int lane, float (&acc)[N]) {
+  // Four sums a row, one per pair of a chunk's products: four independent chains of fused multiply-adds, so a
+  // warp issues one every cycle instead of waiting on one chain of eight.
+  float s[N][4];
 #pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] = 0.f;
+  for (int i = 0; i < N; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll 2
   for (int c = lane; c < k / 8; c += 32) {
     const uint4 xr = reinterpret_cast<const uint4*>(xb)[c];
     const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xr);
-    const float2 a0 = __bfloat1622float2(xh[0]), a1 = __bfloat1622float2(xh[1]);
-    const float2 b0 = __bfloat1622float2(xh[2]), b1 = __bfloat1622float2(xh[3]);
+    float2 x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j] = __bfloat1622float2(xh[j]);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const uint4 wr = reinterpret_cast<const uint4*>(w[i])[c];
       const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wr);
-      const float2 w0 = __bfloat1622float2(wh[0]), w1 = __bfloat1622float2(wh[1]);
-      const float2 w2 = __bfloat1622float2(wh[2]), w3 = __bfloat1622float2(wh[3]);
-      acc[i] += w0.x * a0.x + w0.y * a0.y + w1.x * a1.x + w1.y * a1.y + w2.x * b0.x + w2.y * b0.y + w3.x * b1.x +
-                w3.y * b1.y;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 wf = __bfloat1622float2(wh[j]);
+        s[i][j] = fmaf(wf.y, x[j].y, fmaf(wf.x, x[j].x, s[i][j]));
+      }
     }
   }
 #pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] = warp_sum(acc[i]);
+  for (int i = 0; i < N; ++i) acc[i] = warp_sum((s[i][0] + s[i][1]) + (s[i][2] + s[i][3]));
 }
 
 // 8 values at v (16-byte aligned; written by other blocks: read from the L2) as floats into dst.

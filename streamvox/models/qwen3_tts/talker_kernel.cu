@@ -34,8 +34,8 @@ constexpr int LAYERS = 28;
 constexpr int QKV_ROWS = (NH + 2 * NKV) * HD;
 constexpr int THREADS = 512;          // the computing threads; one more warp refills the ring
 constexpr int WARPS = THREADS / 32;
-constexpr int SLOTS = 4;                // the ring of weight chunks
-constexpr int SLOT_ELEMS = 24 * 1024;  // 48 KB a slot
+constexpr int SLOTS = 3;                // the ring of weight chunks
+constexpr int SLOT_ELEMS = 32 * 1024;  // 64 KB a slot
 constexpr int MAX_SPAN = 256;          // positions one block of the attention takes at most
 
 struct Layer {
@@ -69,12 +69,12 @@ struct WPhase {
   int rows, k, segs, cr, ks;
 };
 
-// A phase of `rows` rows (pairs: segs 2) of length k: a slot's rows, and as many warps a row as the block has.
+// A phase of `rows` rows (pairs: segs 2) of length k: as many rows a slot as fit, a power of two up to the warps,
+// so that every warp computes (ks warps a row).
 __device__ __forceinline__ WPhase phase(const T* w, int rows, int k, int segs) {
-  const int cr = SLOT_ELEMS / (segs * k);
-  int ks = 1;
-  while (2 * ks * cr <= WARPS) ks *= 2;
-  return {w, rows, k, segs, cr, ks};
+  int cr = 1;
+  while (2 * cr * segs * k <= SLOT_ELEMS && 2 * cr <= WARPS) cr *= 2;
+  return {w, rows, k, segs, cr, WARPS / cr};
 }
 
 __device__ WPhase weights_of(const Params& p, int layer, int step) {
@@ -86,7 +86,7 @@ __device__ WPhase weights_of(const Params& p, int layer, int step) {
     default: return phase(L.down, H, INTER, 1);
   }
 }
-static_assert(SLOT_ELEMS / INTER >= 1 && SLOT_ELEMS / H <= WARPS, "a slot holds a row, a warp a row");
+static_assert(SLOT_ELEMS / INTER >= 1, "a slot holds a row");
 
 // This block's rows of a phase: [lo, hi).
 __device__ __forceinline__ void rows_of(const WPhase& ph, int& lo, int& hi) {
