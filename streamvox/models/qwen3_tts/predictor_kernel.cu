@@ -135,6 +135,18 @@ __device__ void prefetch_cache(const Params& p, int layer, int pos, T* kvs) {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// One step of a transposed warp sum: each lane keeps half of its first 2 HALF partial sums, the upper half if its
+// lane bit 2 HALF is set, and adds the partner lane's partial sums of that half.
+template <int HALF>
+__device__ __forceinline__ void halve(float (&part)[NPOS], int lane) {
+  const bool upper = lane & (2 * HALF);
+#pragma unroll
+  for (int j = 0; j < HALF; ++j) {
+    const float keep = upper ? part[j + HALF] : part[j], send = upper ? part[j] : part[j + HALF];
+    part[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * HALF);
+  }
+}
+
 // Every query head's attention output at position `pos` into xb[0, NH HD) (rounded as the per-layer kernels
 // store it), and the residual stream `x` into xr; xs holds the queries. Each block computes all heads, so no
 // barrier separates the attention from the output projection. kvs holds positions [0, pos) (prefetch_cache);
@@ -178,30 +190,49 @@ __device__ void attention(const Params& p, int layer, int pos, const T* x, float
     T* dst = (kv ? p.pv : p.pk) + layer * p.cache_layer + g * p.cache_head + pos * p.cache_pos + d;
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kvs + ((g * NPOS + pos) * 2 + kv) * HD + d);
   }
-  // query head h = warp against key/value head h / 2: lane i holds position i's score
-  const float* q = xs + warp * HD;
+  // query head h = warp against key/value head h / 2. Each lane sums its 4 of HD products (dims 4 lane ...) for
+  // every position, then one transposed reduction sums them over the warp for all positions at once (16
+  // shuffles, not 5 a position): four halvings (lane bits 4..1) leave lanes 2i and 2i + 1 with halves of
+  // position i's sum. Lane i then holds position i's score.
+  static_assert(NPOS == 16, "one position per lane pair after four halvings");
   const T* kv = kvs + (warp / 2) * NPOS * 2 * HD;
-  float s = -INFINITY;
-  for (int i = 0; i <= pos; ++i) {
-    float acc = 0.f;
+  auto four = [&](int row) {  // this lane's 4 values of kv row `row` (2 i: key i, 2 i + 1: value i)
+    const uint2 raw = reinterpret_cast<const uint2*>(kv + row * HD)[lane];
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+    return make_float4(a.x, a.y, b.x, b.y);
+  };
+  const float4 q = reinterpret_cast<const float4*>(xs + warp * HD)[lane];
+  float part[NPOS];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc += q[lane + 32 * r] * __bfloat162float(kv[i * 2 * HD + lane + 32 * r]);
-    acc = warp_sum(acc);
-    if (lane == i) s = acc;
+  for (int i = 0; i < NPOS; ++i) {
+    part[i] = 0.f;
+    if (i <= pos) {
+      const float4 k = four(2 * i);
+      part[i] = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+    }
   }
+  halve<8>(part, lane), halve<4>(part, lane), halve<2>(part, lane), halve<1>(part, lane);
+  const float pair = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
+  const float mine = __shfl_sync(0xffffffffu, pair, 2 * (lane & (NPOS - 1)));
+  const float s = lane <= pos ? mine : -INFINITY;
   float best = s;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
   const float e = lane <= pos ? expf(s - best) : 0.f;
   const float tot = warp_sum(e);
-  float out[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int i = 0; i <= pos; ++i) {
+  float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < NPOS; ++i) {
     const float ei = __shfl_sync(0xffffffffu, e, i);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) out[r] += ei * __bfloat162float(kv[(i * 2 + 1) * HD + lane + 32 * r]);
+    if (i <= pos) {
+      const float4 v = four(2 * i + 1);
+      out.x += ei * v.x, out.y += ei * v.y, out.z += ei * v.z, out.w += ei * v.w;
+    }
   }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) xb[warp * HD + lane + 32 * r] = __float2bfloat16(out[r] / tot);
+  const __nv_bfloat162 o[2] = {__floats2bfloat162_rn(out.x / tot, out.y / tot),
+                               __floats2bfloat162_rn(out.z / tot, out.w / tot)};
+  reinterpret_cast<uint2*>(xb + warp * HD)[lane] = *reinterpret_cast<const uint2*>(o);
   __syncthreads();
 }
 
