@@ -4,12 +4,13 @@ At one stream the talker's 28 layers were 140 dependent launches a frame step (q
 gate/up, down), each starting to stream its weights only when the previous one had finished, and reading
 them at 60-75% of the memory bandwidth. This kernel runs the 28 layers in one launch of one block per
 multiprocessor, five grid-wide barriers a layer, each block streaming its share of every projection's
-weights through a ring of shared-memory slots that the bulk-copy engine refills as soon as one is free, so
-the weight stream runs on across the barriers, the input loads and the attention.
+weights through a ring of shared-memory slots that a warp of its own refills with the bulk-copy engine as soon
+as the computing warps are done with one, so the weight stream runs on across the barriers, the input loads and
+the attention.
 
-On an H200 (1.7B shapes) the 28 layers take 1.17 ms in it (profiled, eager) against ~0.67 ms to read their
-weights, the one-row frame step 3.14 ms against 3.23 with the per-layer kernels, and the one-stream RTF is 0.0420
-(benchmarks/RESULTS.md, session 22).
+On an H200 (1.7B shapes) the kernel alone takes 1.28 ms (a CUDA graph) against ~0.67 ms to read its weights,
+the one-row frame step 3.04 ms against 3.16 with the per-layer kernels, and the one-stream RTF is 0.0405 with the
+predictor's kernel (benchmarks/RESULTS.md, session 25).
 
 Used for one-row frame steps of the shapes it is written for (the released 1.7B talker), bfloat16 weights, on
 GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory; anything else, or a failed
