@@ -321,28 +321,61 @@ ONE_LAUNCH = {"predictor": ("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "pred_kernel"),
               "talker": ("STREAMVOX_QWEN3_TALKER_KERNEL", "talk_kernel")}
 
 
+def talker_cache(model, slots: int = 3, positions: int = 1024):
+    """A bfloat16 talker key/value cache for `model` (what the runner allocates, smaller)."""
+    from streamvox.models.qwen3_tts.runner import _SlotCache
+
+    tc = model.cfg.talker
+    return _SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, positions, tc.head_dim, torch.bfloat16,
+                      model.device)
+
+
+def one_row_stepper(model, cache):
+    """A frame stepper of up to 2 rows with CUDA graphs and the decode kernels (the one-launch kernels as their
+    env variables say)."""
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+
+    tc = model.cfg.talker
+    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device=model.device)
+    return FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True, use_kernels=True)
+
+
+def kernel_alone_graph(stepper, which: str, pos: int) -> tuple:
+    """A CUDA graph of `stepper`'s one-launch kernel `which` alone, at one row and talker position `pos`, and the
+    inputs it reads (keep them while replaying)."""
+    from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
+
+    kernel = getattr(stepper, ONE_LAUNCH[which][1])
+    tc = stepper.model.cfg.talker
+    if which == "predictor":
+        inputs = (torch.randn(1024, device="cuda", dtype=torch.bfloat16),
+                  torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda"),
+                  torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda"))
+    else:
+        inputs = (torch.randn(tc.hidden_size, device="cuda", dtype=torch.bfloat16),
+                  torch.tensor([pos], device="cuda"), stepper.ar[:1])
+    graph, _ = capture_graph(lambda: kernel(*inputs), None)
+    return graph, inputs
+
+
 def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24) -> dict:
     """A one-launch kernel (`which`: the code predictor's passes, `predictor_kernel`, or the talker's layers,
     `talker_kernel`) against the per-layer Triton kernels at one row, bfloat16: the same frame step from the same
     random states through both (eager); the step's codes (frame and next codebook-0 id) identical, and where they
     are, the caches and hidden state it wrote; the kernel's graph replayed against its eager run; the one-row
     frame-step graph's time with and without it, and the kernel's alone."""
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper, capture_graph
+    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
-    from streamvox.models.qwen3_tts.runner import _SlotCache
 
     env, attr = ONE_LAUNCH[which]
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
-    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
-                       model.device)
-    suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
+    cache = talker_cache(model)
     steppers = {}
     for name, setting in (("kernel", "1"), ("layers", "0")):
         os.environ[env] = setting
         t0 = time.time()
-        steppers[name] = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True,
-                                      use_kernels=True)
+        steppers[name] = one_row_stepper(model, cache)
         log(f"# stepper with {env}={setting}: built in {time.time() - t0:.1f}s")
     os.environ.pop(env)
     on, off = steppers["kernel"], steppers["layers"]
@@ -404,15 +437,7 @@ def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24
         st.step(1, 256)
         res[f"step_graph_b1_{name}_ms"] = _time_cuda(lambda st=st: st.step(1, 256), iters=50, warm=3)
         log(f"# frame step graph, one row, width 256, {which} {name}: {res[f'step_graph_b1_{name}_ms']:.3f} ms")
-    if which == "predictor":
-        x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
-        frames = torch.zeros(tc.num_code_groups, dtype=torch.long, device="cuda")
-        total = torch.zeros(tc.hidden_size, dtype=torch.bfloat16, device="cuda")
-        graph, _ = capture_graph(lambda: kernel(x, frames, total), None)
-    else:
-        x = torch.randn(tc.hidden_size, device="cuda", dtype=torch.bfloat16)
-        at = torch.tensor([pos], device="cuda")
-        graph, _ = capture_graph(lambda: kernel(x, at, on.ar[:1]), None)
+    graph, _inputs = kernel_alone_graph(on, which, pos)
     res["kernel_alone_ms"] = _time_cuda(graph.replay, iters=50, warm=3)
     log(f"# {which} kernel alone (graph): {res['kernel_alone_ms'] * 1e3:.1f} us")
     return res

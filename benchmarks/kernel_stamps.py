@@ -1,0 +1,167 @@
+"""Where a one-launch kernel's time goes, phase by phase (`talker_kernel.cu` or `predictor_kernel.cu`, on the GPU).
+
+A copy of the kernel's source is built in which thread 0 of every block adds up the clock cycles between fixed
+points of the kernel's main loop, in source order: before each projection (`gemv(`: from the last barrier, the
+phase's input load, attention and first wait for weights; after the predictor's head barrier, also the greedy
+code and the next pass's input) and before and after each grid barrier (the projection, or the talker's
+attention; then the wait at the barrier for the slowest block). Each point sums over the layers and passes.
+The kernel alone is captured in a CUDA graph (as `gpu_bench.py --talker-kernel / --predictor-kernel` time it)
+and replayed once after three warm-up replays; each point's cycles are averaged over the blocks and converted to
+microseconds at the cycles a microsecond that replay ran at (the blocks' stamped cycles over its event time).
+
+    python benchmarks/make_real_shape_checkpoint.py --size 1.7b --out /tmp/q
+    python benchmarks/kernel_stamps.py --model /tmp/q --kernel talker
+    python benchmarks/kernel_stamps.py --model /tmp/q --kernel predictor
+
+Stamping itself costs a few percent of the launch (3-5% in sessions 19 and 23): read the split, not the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_bench  # noqa: E402
+
+KERNELS = Path(gpu_bench.ROOT) / "streamvox" / "models" / "qwen3_tts"
+MAX_BLOCKS = 160
+POINT = re.compile(r"^( *)(gemv\(|grid_sync<THREADS>\([^;]*;)", re.M)
+INCLUDE = '#include "persistent.cuh"'
+MODULE = "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"
+STAMP_CODE = """
+
+__device__ unsigned long long stamp_sums[%(blocks)d][%(points)d];
+
+// Thread 0: the cycles since the last stamp added to this block's sum for `point`.
+__device__ __forceinline__ void stamp(int point, long long& last) {
+  if (threadIdx.x == 0) {
+    const long long now = clock64();
+    stamp_sums[blockIdx.x][point] += now - last;
+    last = now;
+  }
+}"""
+READ_CODE = """std::vector<unsigned long long> read_stamps() {
+  std::vector<unsigned long long> v(%(blocks)d * %(points)d);
+  persistent::check(cudaMemcpyFromSymbol(v.data(), stamp_sums, v.size() * sizeof(v[0])), "stamps");
+  return v;
+}
+
+void reset_stamps() {
+  std::vector<unsigned long long> v(%(blocks)d * %(points)d);
+  persistent::check(cudaMemcpyToSymbol(stamp_sums, v.data(), v.size() * sizeof(v[0])), "stamps");
+}
+
+"""
+MODULE_DEFS = """
+  m.def("stamps", &read_stamps);
+  m.def("reset_stamps", &reset_stamps);"""
+
+
+def kernel_span(text: str) -> tuple[int, int]:
+    """The body of the source's `__global__` function: from after its opening brace to its closing one."""
+    start = text.index("{", text.index("__global__")) + 1
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return start, i
+    raise ValueError("unbalanced braces in the kernel")
+
+
+def stamped_source(text: str) -> tuple[str, list[str]]:
+    """`text` with a stamp at each point of its kernel (before each `gemv(`, around each `grid_sync`), the stamps
+    readable through the module's `stamps()` and cleared by `reset_stamps()`; and a label for each point."""
+    start, end = kernel_span(text)
+    labels: list[str] = []
+
+    def stamp(m: re.Match) -> str:
+        indent, call = m.group(1), m.group(2)
+        at = start + m.start()
+        line = text.count("\n", 0, at) + 1
+        if call.startswith("gemv("):
+            code = text[at:text.index("\n", at)].strip()[:40]
+            labels.append(f"line {line}: from the last point to `{code}`")
+            return f"{indent}stamp({len(labels) - 1}, stamp_last); {call}"
+        labels.extend([f"line {line}: from the last point to the barrier", f"line {line}: waiting at the barrier"])
+        return f"{indent}stamp({len(labels) - 2}, stamp_last); {call} stamp({len(labels) - 1}, stamp_last);"
+
+    body = POINT.sub(stamp, text[start:end])
+    if not labels:
+        raise ValueError("no stamp points found")
+    sizes = {"blocks": MAX_BLOCKS, "points": len(labels)}
+    head = text[:start].replace(INCLUDE, INCLUDE + STAMP_CODE % sizes, 1)
+    tail = text[end:].replace(MODULE, READ_CODE % sizes + MODULE + MODULE_DEFS, 1)
+    return head + "\n  long long stamp_last = clock64();" + body + tail, labels
+
+
+def build_stamped(which: str):
+    """The stamped extension of `which`'s kernel (built with the CUDA compiler) and its points' labels."""
+    from torch.utils.cpp_extension import load
+
+    text = (KERNELS / f"{which}_kernel.cu").read_text()
+    source, labels = stamped_source(text)
+    digest = hashlib.sha256((source + (KERNELS / "persistent.cuh").read_text()).encode()).hexdigest()[:12]
+    path = Path(tempfile.mkdtemp()) / f"stamped_{which}_kernel.cu"
+    path.write_text(source)
+    ext = load(name=f"streamvox_stamped_{which}_{digest}", sources=[str(path)], extra_include_paths=[str(KERNELS)],
+               extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+    return ext, labels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--kernel", choices=sorted(gpu_bench.ONE_LAUNCH), required=True)
+    ap.add_argument("--pos", type=int, default=150, help="the talker position (the talker's attention length)")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+
+    ext, labels = build_stamped(args.kernel)
+    importlib.import_module(f"streamvox.models.qwen3_tts.{args.kernel}_kernel").build = lambda source: ext
+    env, attr = gpu_bench.ONE_LAUNCH[args.kernel]
+    os.environ[env] = "1"  # the stamped build or a failure
+    model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)
+    stepper = gpu_bench.one_row_stepper(model, gpu_bench.talker_cache(model))
+    graph, _inputs = gpu_bench.kernel_alone_graph(stepper, args.kernel, args.pos)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    ext.reset_stamps()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    graph.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    us = t0.elapsed_time(t1) * 1e3
+    grid = getattr(stepper, attr).grid
+    assert grid <= MAX_BLOCKS, grid
+    sums = np.array(ext.stamps(), dtype=np.float64).reshape(MAX_BLOCKS, len(labels))[:grid]
+    per_us = sums.sum(axis=1).mean() / us
+    mean, worst = sums.mean(axis=0) / per_us, sums.max(axis=0) / per_us
+    plain = gpu_bench._time_cuda(graph.replay, iters=20, warm=3) * 1e3
+    gpu_bench.log(f"# {torch.cuda.get_device_name()}; {args.kernel} kernel, {grid} blocks, one stamped replay "
+                  f"{us:.1f} us ({plain:.1f} us a replay over 20); {per_us:.0f} cycles/us")
+    print("| point | mean us (all layers/passes) | slowest block us |\n|---|---|---|")
+    for label, m, w in zip(labels, mean, worst, strict=True):
+        print(f"| {label} | {m:.1f} | {w:.1f} |")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "kernel": args.kernel, "grid": grid, "replay_us": us,
+                       "cycles_per_us": per_us, "points": labels, "mean_us": mean.tolist(),
+                       "slowest_us": worst.tolist()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
