@@ -53,19 +53,16 @@ __device__ __forceinline__ unsigned smem_addr(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// Initialise an mbarrier whose phases complete after `count` arrivals (made visible by init_barriers).
-__device__ __forceinline__ void init_barrier(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-
 // One arrival on `bar` (release: this thread's reads of what it guards are done).
 __device__ __forceinline__ void arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-__device__ __forceinline__ void init_barriers(uint64_t* bars, int n) {
+// Initialise n mbarriers whose phases complete after `count` arrivals each, visible to the whole block.
+__device__ __forceinline__ void init_barriers(uint64_t* bars, int n, unsigned count = 1) {
   if (threadIdx.x == 0) {
-    for (int i = 0; i < n; ++i) init_barrier(bars + i, 1);
+    for (int i = 0; i < n; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bars + i)), "r"(count));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();

@@ -265,9 +265,8 @@ __global__ void __launch_bounds__(THREADS + 32, 1) talker_layers(const __grid_co
   uint64_t* full = reinterpret_cast<uint64_t*>(am.last + 2);    // [SLOTS] a slot's copies landed
   uint64_t* empty = full + SLOTS;                                // [SLOTS] every computing warp done with it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0)
-    for (int i = 0; i < SLOTS; ++i) init_barrier(empty + i, WARPS);
   init_barriers(full, SLOTS);
+  init_barriers(empty, SLOTS, WARPS);
   if (warp == WARPS) {
     if (lane == 0) refill(p, ring, full, empty);
     return;
