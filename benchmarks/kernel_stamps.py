@@ -12,6 +12,7 @@ microseconds at the cycles a microsecond that replay ran at (the blocks' stamped
     python benchmarks/make_real_shape_checkpoint.py --size 1.7b --out /tmp/q
     python benchmarks/kernel_stamps.py --model /tmp/q --kernel talker
     python benchmarks/kernel_stamps.py --model /tmp/q --kernel predictor
+    python benchmarks/kernel_stamps.py --model /tmp/q --kernel predictor --patch benchmarks/variants/NAME.patch
 
 Stamping itself costs a few percent of the launch (3-5% in sessions 19 and 23): read the split, not the total.
 """
@@ -19,22 +20,18 @@ Stamping itself costs a few percent of the launch (3-5% in sessions 19 and 23): 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib
 import json
 import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_bench  # noqa: E402
+import kernel_source  # noqa: E402
 
-KERNELS = Path(gpu_bench.ROOT) / "streamvox" / "models" / "qwen3_tts"
 MAX_BLOCKS = 160
 POINT = re.compile(r"^( *)(gemv\(|grid_sync<THREADS>\([^;]*;)", re.M)
 INCLUDE = '#include "persistent.cuh"'
@@ -105,18 +102,13 @@ def stamped_source(text: str) -> tuple[str, list[str]]:
     return head + "\n  long long stamp_last = clock64();" + body + tail, labels
 
 
-def build_stamped(which: str):
-    """The stamped extension of `which`'s kernel (built with the CUDA compiler) and its points' labels."""
-    from torch.utils.cpp_extension import load
-
-    text = (KERNELS / f"{which}_kernel.cu").read_text()
-    source, labels = stamped_source(text)
-    digest = hashlib.sha256((source + (KERNELS / "persistent.cuh").read_text()).encode()).hexdigest()[:12]
-    path = Path(tempfile.mkdtemp()) / f"stamped_{which}_kernel.cu"
-    path.write_text(source)
-    ext = load(name=f"streamvox_stamped_{which}_{digest}", sources=[str(path)], extra_include_paths=[str(KERNELS)],
-               extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
-    return ext, labels
+def build_stamped(which: str, patch: str | None = None):
+    """The stamped extension of `which`'s kernel (as shipped, or with a patch applied; built with the CUDA compiler)
+    and its points' labels."""
+    files = kernel_source.patched(patch)
+    name = f"{which}_kernel.cu"
+    files[name], labels = stamped_source(files[name])
+    return kernel_source.build(which, files, "stamped"), labels
 
 
 def main() -> None:
@@ -124,12 +116,14 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--kernel", choices=sorted(gpu_bench.ONE_LAUNCH), required=True)
     ap.add_argument("--pos", type=int, default=150, help="the talker position (the talker's attention length)")
+    ap.add_argument("--patch", default=None,
+                    help="stamp a variant instead: benchmarks/variants/*.patch, several joined by +")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
-    ext, labels = build_stamped(args.kernel)
-    importlib.import_module(f"streamvox.models.qwen3_tts.{args.kernel}_kernel").build = lambda source: ext
+    ext, labels = build_stamped(args.kernel, args.patch)
+    kernel_source.install(args.kernel, ext)
     env, attr = gpu_bench.ONE_LAUNCH[args.kernel]
     os.environ[env] = "1"  # the stamped build or a failure
     model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)

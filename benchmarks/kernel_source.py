@@ -1,0 +1,99 @@
+"""Edited copies of a one-launch kernel's source (`kernel_stamps.py`: a stamped copy; `kernel_ab.py`: a variant
+from `benchmarks/variants/*.patch`), built with the CUDA compiler and put in place of the shipped build.
+
+A patch is a unified diff (`git diff` output) of files in `streamvox/models/qwen3_tts/`. It is applied here, in
+Python, rather than by `patch` or `git`: the GPU machine may have neither, and one exact rule (every hunk's
+context and removed lines must match the source, found at the hunk's line or, failing that, at exactly one other
+place) makes a patch written against another version of a kernel fail loudly instead of landing elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "streamvox" / "models" / "qwen3_tts"
+HEADER = "persistent.cuh"
+HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
+
+
+def shipped() -> dict[str, str]:
+    """The kernels' sources as they are in the tree: file name -> text."""
+    return {p.name: p.read_text() for p in sorted(KERNELS.glob("*.cu")) + [KERNELS / HEADER]}
+
+
+def _apply_hunk(lines: list[str], start: int, body: list[str], name: str) -> list[str]:
+    """`lines` with one hunk (its lines, each with its ' ', '-' or '+' mark) applied near line index `start`."""
+    old = [s[1:] for s in body if s[:1] in (" ", "-")]
+    new = [s[1:] for s in body if s[:1] in (" ", "+")]
+    if lines[start:start + len(old)] != old:
+        found = [i for i in range(len(lines) - len(old) + 1) if lines[i:i + len(old)] == old]
+        if len(found) != 1:
+            raise ValueError(f"{name}: a hunk at line {start + 1} does not apply ({len(found)} matches elsewhere)")
+        start = found[0]
+    return lines[:start] + new + lines[start + len(old):]
+
+
+def apply_patch(files: dict[str, str], diff: str) -> dict[str, str]:
+    """`files` (name -> text) with the unified diff `diff` applied; text before the first file header (a
+    description) is ignored. Raises ValueError where a hunk does not match or names a file not in `files`."""
+    out = dict(files)
+    name, lines, shift = None, [], 0
+    rows = diff.split("\n")
+    i = 0
+    while i < len(rows):
+        row = rows[i]
+        if row.startswith("+++ "):
+            if name is not None:
+                out[name] = "\n".join(lines)
+            name = Path(row[4:].split("\t")[0].strip()).name
+            if name not in out:
+                raise ValueError(f"the patch changes {name}, not a kernel source")
+            lines, shift = out[name].split("\n"), 0
+        elif (m := HUNK.match(row)) and name is not None:
+            body = []
+            i += 1
+            while i < len(rows) and rows[i][:1] in (" ", "-", "+", "\\") and not rows[i].startswith(("--- ", "+++ ")):
+                if rows[i][:1] != "\\":  # "\ No newline at end of file"
+                    body.append(rows[i])
+                i += 1
+            before = len(lines)
+            lines = _apply_hunk(lines, int(m.group(1)) - 1 + shift, body, name)
+            shift += len(lines) - before
+            continue
+        i += 1
+    if name is None:
+        raise ValueError("no file in the patch")
+    out[name] = "\n".join(lines)
+    return out
+
+
+def patched(patches: str | None) -> dict[str, str]:
+    """The shipped sources with `patches` applied in order (paths joined by +; None: as shipped)."""
+    files = shipped()
+    for path in patches.split("+") if patches else []:
+        files = apply_patch(files, Path(path).read_text())
+    return files
+
+
+def build(which: str, files: dict[str, str], tag: str):
+    """The extension of `which`'s kernel (`talker` or `predictor`) built from `files` (written to a fresh
+    directory), named by `tag` and a digest of the sources it compiles."""
+    from torch.utils.cpp_extension import load
+
+    source = f"{which}_kernel.cu"
+    digest = hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]
+    where = Path(tempfile.mkdtemp())
+    for name, text in files.items():
+        (where / name).write_text(text)
+    return load(name=f"streamvox_{tag}_{which}_{digest}", sources=[str(where / source)],
+                extra_include_paths=[str(where)], extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+
+
+def install(which: str, ext) -> None:
+    """Make the next `{which}_kernel` built by a frame stepper use `ext`."""
+    importlib.import_module(f"streamvox.models.qwen3_tts.{which}_kernel").build = lambda source: ext

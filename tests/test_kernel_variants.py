@@ -1,0 +1,81 @@
+"""The one-launch kernels' edited copies that the GPU benchmarks build (benchmarks/kernel_source.py): patches
+apply exactly or fail, every variant under benchmarks/variants/ still applies to the kernels as they are, and,
+where the CUDA compiler is installed, the shipped, patched and stamped sources compile for the H200 (sm_90a)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import kernel_source  # noqa: E402
+from kernel_stamps import stamped_source  # noqa: E402
+
+VARIANTS = sorted((ROOT / "benchmarks" / "variants").glob("*.patch"))
+FILES = {"k.cu": "a\nb\nc\nd\ne\nf\n", "persistent.cuh": "h\n"}
+DIFF = """A description line, ignored.
+--- a/streamvox/models/qwen3_tts/k.cu
++++ b/streamvox/models/qwen3_tts/k.cu
+@@ -2,3 +2,3 @@
+ b
+-c
++C
+ d
+"""
+
+
+def test_patch_applies_at_its_line_or_its_one_other_match() -> None:
+    assert kernel_source.apply_patch(FILES, DIFF)["k.cu"] == "a\nb\nC\nd\ne\nf\n"
+    moved = {"k.cu": "x\ny\n" + FILES["k.cu"], "persistent.cuh": "h\n"}  # two lines added above the hunk
+    assert kernel_source.apply_patch(moved, DIFF)["k.cu"] == "x\ny\na\nb\nC\nd\ne\nf\n"
+
+
+@pytest.mark.parametrize("text", ["a\nb\nX\nd\n", "b\nc\nd\nb\nc\nd\n"], ids=["no match", "two matches"])
+def test_patch_that_does_not_match_exactly_once_fails(text) -> None:
+    with pytest.raises(ValueError, match="does not apply"):
+        kernel_source.apply_patch({"k.cu": text, "persistent.cuh": ""}, DIFF)
+
+
+def test_patch_of_another_file_fails() -> None:
+    with pytest.raises(ValueError, match="not a kernel source"):
+        kernel_source.apply_patch(FILES, DIFF.replace("k.cu", "runner.py"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.stem for v in VARIANTS])
+def test_variant_applies_to_the_kernels_as_they_are(variant) -> None:
+    files = kernel_source.patched(str(variant))
+    changed = [name for name, text in kernel_source.shipped().items() if files[name] != text]
+    assert changed and all(name.startswith(variant.stem.split("-")[0]) for name in changed)
+    stamped_source(files[changed[0]])  # kernel_stamps.py --patch finds its points in it
+
+
+def _sources() -> list[tuple[str, str, str | None]]:
+    """(id, kernel, patches) for every build the benchmarks may make: shipped, stamped, each variant."""
+    out = [(f"{k}-{how}", k, None) for k in ("talker", "predictor") for how in ("shipped", "stamped")]
+    return out + [(v.stem, v.stem.split("-")[0], str(v)) for v in VARIANTS]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
+@pytest.mark.parametrize(("which", "patches", "stamped"),
+                         [(k, p, i.endswith("stamped")) for i, k, p in _sources()], ids=[s[0] for s in _sources()])
+def test_source_compiles_for_sm90a(tmp_path, which, patches, stamped) -> None:
+    from torch.utils.cpp_extension import include_paths
+
+    files = kernel_source.patched(patches)
+    name = f"{which}_kernel.cu"
+    if stamped:
+        files[name] = stamped_source(files[name])[0]
+    for file, text in files.items():
+        (tmp_path / file).write_text(text)
+    includes = [f"-I{p}" for p in [*include_paths(), sysconfig.get_paths()["include"]]]
+    run = subprocess.run(["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", name,
+                          "-o", "k.o", "-DTORCH_EXTENSION_NAME=k", "-Xcompiler", "-fPIC", *includes],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
