@@ -5,10 +5,16 @@ A patch is a unified diff (`git diff` output) of files in `streamvox/models/qwen
 Python, rather than by `patch` or `git`: the GPU machine may have neither, and one exact rule (every hunk's
 context and removed lines must match the source, found at the hunk's line or, failing that, at exactly one other
 place) makes a patch written against another version of a kernel fail loudly instead of landing elsewhere.
+
+To serve a variant (`gpu_bench.py --serve` builds the kernels from the tree), write it over the tree's kernel
+sources, on a copy of the tree such as the GPU machine's:
+
+    python benchmarks/kernel_source.py benchmarks/variants/talker-grid-128.patch+benchmarks/variants/...
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import re
@@ -97,3 +103,17 @@ def build(which: str, files: dict[str, str], tag: str):
 def install(which: str, ext) -> None:
     """Make the next `{which}_kernel` built by a frame stepper use `ext`."""
     importlib.import_module(f"streamvox.models.qwen3_tts.{which}_kernel").build = lambda source: ext
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Write the kernel sources with a variant applied over the tree's.")
+    ap.add_argument("patches", help="a patch, or patches joined by + applied in order")
+    files = patched(ap.parse_args().patches)
+    for name, text in files.items():
+        if text != (KERNELS / name).read_text():
+            (KERNELS / name).write_text(text)
+            print(f"wrote {KERNELS / name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -142,19 +142,27 @@ def main() -> None:
     grid = getattr(stepper, attr).grid
     assert grid <= MAX_BLOCKS, grid
     sums = np.array(ext.stamps(), dtype=np.float64).reshape(MAX_BLOCKS, len(labels))[:grid]
+    sums = sums[sums.sum(axis=1) > 0]  # a variant may launch fewer blocks than the stepper's grid
     per_us = sums.sum(axis=1).mean() / us
     mean, worst = sums.mean(axis=0) / per_us, sums.max(axis=0) / per_us
     plain = gpu_bench._time_cuda(graph.replay, iters=20, warm=3) * 1e3
-    gpu_bench.log(f"# {torch.cuda.get_device_name()}; {args.kernel} kernel, {grid} blocks, one stamped replay "
+    gpu_bench.log(f"# {torch.cuda.get_device_name()}; {args.kernel} kernel, {len(sums)} blocks, one stamped replay "
                   f"{us:.1f} us ({plain:.1f} us a replay over 20); {per_us:.0f} cycles/us")
     print("| point | mean us (all layers/passes) | slowest block us |\n|---|---|---|")
     for label, m, w in zip(labels, mean, worst, strict=True):
         print(f"| {label} | {m:.1f} | {w:.1f} |")
+    # Is a barrier's slowest block the same block every time (a spread of busy time between blocks as large as
+    # the waits) or a different one each phase (busy times alike, the waits from phase-to-phase jitter)?
+    waits = np.array([label.endswith("waiting at the barrier") for label in labels])
+    busy, wait = sums[:, ~waits].sum(axis=1) / per_us, sums[:, waits].sum(axis=1) / per_us
+    gpu_bench.log(f"# per block, us: busy (all but the barrier waits) min {busy.min():.1f} median "
+                  f"{np.median(busy):.1f} max {busy.max():.1f}; waiting min {wait.min():.1f} median "
+                  f"{np.median(wait):.1f} max {wait.max():.1f}; busiest blocks {np.argsort(-busy)[:8].tolist()}")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "kernel": args.kernel, "grid": grid, "replay_us": us,
+            json.dump({"command": " ".join(sys.argv), "kernel": args.kernel, "blocks": len(sums), "replay_us": us,
                        "cycles_per_us": per_us, "points": labels, "mean_us": mean.tolist(),
-                       "slowest_us": worst.tolist()}, f, indent=1)
+                       "slowest_us": worst.tolist(), "busy_us": busy.tolist(), "wait_us": wait.tolist()}, f, indent=1)
 
 
 if __name__ == "__main__":
