@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "streamvox" / "models" / "qwen3_tts"
 HEADER = "persistent.cuh"
-HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
 def shipped() -> dict[str, str]:
@@ -61,12 +61,16 @@ def apply_patch(files: dict[str, str], diff: str) -> dict[str, str]:
                 raise ValueError(f"the patch changes {name}, not a kernel source")
             lines, shift = out[name].split("\n"), 0
         elif (m := HUNK.match(row)) and name is not None:
+            old_n, new_n = (int(c) if c is not None else 1 for c in m.group(2, 3))
             body = []
             i += 1
-            while i < len(rows) and rows[i][:1] in (" ", "-", "+", "\\") and not rows[i].startswith(("--- ", "+++ ")):
-                if rows[i][:1] != "\\":  # "\ No newline at end of file"
-                    body.append(rows[i])
-                i += 1
+            while (old_n or new_n) and i < len(rows):  # the hunk's lines, as many as its header counts
+                mark = rows[i][:1] or " "  # an empty line: a blank context line whose space was stripped
+                if mark in " -+":
+                    body.append(mark + rows[i][1:])
+                    old_n -= mark != "+"
+                    new_n -= mark != "-"
+                i += 1  # (a "\ No newline at end of file" line counts for neither)
             before = len(lines)
             lines = _apply_hunk(lines, int(m.group(1)) - 1 + shift, body, name)
             shift += len(lines) - before

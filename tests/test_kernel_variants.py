@@ -37,6 +37,11 @@ def test_patch_applies_at_its_line_or_its_one_other_match() -> None:
     assert kernel_source.apply_patch(moved, DIFF)["k.cu"] == "x\ny\na\nb\nC\nd\ne\nf\n"
 
 
+def test_patch_blank_context_line_may_have_lost_its_space() -> None:
+    diff = "+++ b/k.cu\n@@ -1,3 +1,3 @@\n a\n\n-b\n+B\n"
+    assert kernel_source.apply_patch({"k.cu": "a\n\nb\n"}, diff)["k.cu"] == "a\n\nB\n"
+
+
 @pytest.mark.parametrize("text", ["a\nb\nX\nd\n", "b\nc\nd\nb\nc\nd\n"], ids=["no match", "two matches"])
 def test_patch_that_does_not_match_exactly_once_fails(text) -> None:
     with pytest.raises(ValueError, match="does not apply"):
