@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "streamvox" / "models" / "qwen3_tts"
 HEADER = "persistent.cuh"
+BASE = re.compile(r"^Base: (\S+)$", re.M)
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
@@ -83,10 +84,16 @@ def apply_patch(files: dict[str, str], diff: str) -> dict[str, str]:
 
 
 def patched(patches: str | None) -> dict[str, str]:
-    """The shipped sources with `patches` applied in order (paths joined by +; None: as shipped)."""
-    files = shipped()
+    """The shipped sources with `patches` applied in order (paths joined by +; None: as shipped). A patch whose
+    description has a line `Base: NAME` is written on top of variant NAME, which must come before it."""
+    files, applied = shipped(), []
     for path in patches.split("+") if patches else []:
-        files = apply_patch(files, Path(path).read_text())
+        diff = Path(path).read_text()
+        base = BASE.search(diff[:diff.find("\n--- ")])
+        if base and base.group(1) not in applied:
+            raise ValueError(f"{path} is written on top of {base.group(1)}: give {base.group(1)}+{path}")
+        files = apply_patch(files, diff)
+        applied.append(Path(path).name)
     return files
 
 

@@ -53,18 +53,27 @@ def test_patch_of_another_file_fails() -> None:
         kernel_source.apply_patch(FILES, DIFF.replace("k.cu", "runner.py"))
 
 
+def chain(variant: Path) -> str:
+    """The variant's patch, after the variant it is written on top of (its `Base:` line) if any."""
+    base = kernel_source.BASE.search(variant.read_text())
+    return f"{chain(variant.parent / base.group(1))}+{variant}" if base else str(variant)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.stem for v in VARIANTS])
 def test_variant_applies_to_the_kernels_as_they_are(variant) -> None:
-    files = kernel_source.patched(str(variant))
+    files = kernel_source.patched(chain(variant))
     changed = [name for name, text in kernel_source.shipped().items() if files[name] != text]
     assert changed and all(name.startswith(variant.stem.split("-")[0]) for name in changed)
     stamped_source(files[changed[0]])  # kernel_stamps.py --patch finds its points in it
+    if chain(variant) != str(variant):
+        with pytest.raises(ValueError, match="written on top of"):
+            kernel_source.patched(str(variant))
 
 
 def _sources() -> list[tuple[str, str, str | None]]:
     """(id, kernel, patches) for every build the benchmarks may make: shipped, stamped, each variant."""
     out = [(f"{k}-{how}", k, None) for k in ("talker", "predictor") for how in ("shipped", "stamped")]
-    return out + [(v.stem, v.stem.split("-")[0], str(v)) for v in VARIANTS]
+    return out + [(v.stem, v.stem.split("-")[0], chain(v)) for v in VARIANTS]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
