@@ -107,6 +107,20 @@ def main() -> None:
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 
     which = args.kernel
+    res: dict = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "kernel": which, "builds": {}}
+    trees = []  # (name, patch, sources)
+    for patch in [None, *args.patch]:
+        name = "shipped" if patch is None else "+".join(Path(p).stem for p in patch.split("+"))
+        try:
+            trees.append((name, patch, kernel_source.patched(patch)))
+        except ValueError as e:
+            gpu_bench.log(f"# {name}: does not apply: {e}")
+            res["builds"][name] = {"error": f"does not apply: {e}"}
+    other = ({"talker", "predictor"} - {which}).pop()  # the frame steppers build it as shipped
+    t0 = time.time()
+    kernel_source.build_all([(which, files, "ab") for _, _, files in trees] + [(other, None, "")])
+    gpu_bench.log(f"# {len(trees) + 1} builds compiled side by side in {time.time() - t0:.1f} s")
+
     os.environ[gpu_bench.ONE_LAUNCH[which][0]] = "1"  # the installed build or a failure
     model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)
     cache = gpu_bench.talker_cache(model)
@@ -114,14 +128,11 @@ def main() -> None:
     torch.nn.init.normal_(cache.k, generator=gen)
     torch.nn.init.normal_(cache.v, generator=gen)
     saved = (cache.k.clone(), cache.v.clone())
-    res: dict = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "kernel": which, "builds": {}}
-
     builds: list[Build] = []
     base_out: list[list[torch.Tensor]] = []
-    for patch in [None, *args.patch]:
-        name = "shipped" if patch is None else "+".join(Path(p).stem for p in patch.split("+"))
+
+    for name, patch, files in trees:
         try:
-            files = kernel_source.patched(patch)
             b = Build(name, model, cache, which, files)
             outs = [b.run(s, cache, saved, args.pos) for s in range(args.states)]
         except Exception as e:  # a broken variant is reported; the others still run
@@ -135,6 +146,8 @@ def main() -> None:
         checks = [compare(which, a, g) for a, g in zip(base_out, outs, strict=True)]
         res["builds"][name] = {"identical_codes": sum(c[0] for c in checks), "states": args.states,
                                "worst_rel_diff": max(c[1] for c in checks), "alone_us": [], "step_ms": []}
+        gpu_bench.log(f"# {name}: against shipped, {res['builds'][name]['identical_codes']}/{args.states} identical "
+                      f"codes, worst relative difference {res['builds'][name]['worst_rel_diff']:.3g}")
         builds.append(b)
 
     graphs = [gpu_bench.kernel_alone_graph(b.stepper, which, args.pos) for b in builds]
@@ -155,10 +168,11 @@ def main() -> None:
             continue
         r["alone_us_median"] = float(np.median(r["alone_us"]))
         r["step_ms_median"] = float(np.median(r["step_ms"]))
-        delta = r["alone_us_median"] - float(np.median(base["alone_us"]))
+        shipped_us = float(np.median(base["alone_us"]))
+        delta = r["alone_us_median"] - shipped_us
         print(f"| {name} | {r['alone_us_median']:.1f} ({min(r['alone_us']):.1f}-{max(r['alone_us']):.1f}) | "
-              f"{delta:+.1f} | {r['step_ms_median']:.3f} | {r['identical_codes']}/{r['states']} | "
-              f"{r['worst_rel_diff']:.2g} |")
+              f"{delta:+.1f} ({100 * delta / shipped_us:+.1f}%) | {r['step_ms_median']:.3f} | "
+              f"{r['identical_codes']}/{r['states']} | {r['worst_rel_diff']:.2g} |")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)

@@ -98,17 +98,45 @@ def patched(patches: str | None) -> dict[str, str]:
 
 
 def build(which: str, files: dict[str, str], tag: str):
-    """The extension of `which`'s kernel (`talker` or `predictor`) built from `files` (written to a fresh
-    directory), named by `tag` and a digest of the sources it compiles."""
+    """The extension of `which`'s kernel (`talker` or `predictor`) built from `files`, named by `tag` and a digest
+    of the sources it compiles. The sources go to a directory named the same way, so a second build of them (in
+    this process or another) finds the first one's output up to date."""
     from torch.utils.cpp_extension import load
 
     source = f"{which}_kernel.cu"
-    digest = hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]
-    where = Path(tempfile.mkdtemp())
-    for name, text in files.items():
-        (where / name).write_text(text)
-    return load(name=f"streamvox_{tag}_{which}_{digest}", sources=[str(where / source)],
-                extra_include_paths=[str(where)], extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+    name = f"streamvox_{tag}_{which}_{hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]}"
+    where = Path(tempfile.gettempdir()) / "streamvox_kernel_sources" / name
+    where.mkdir(parents=True, exist_ok=True)
+    for file, text in files.items():
+        if not (where / file).exists() or (where / file).read_text() != text:
+            (where / file).write_text(text)
+    return load(name=name, sources=[str(where / source)], extra_include_paths=[str(where)],
+                extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+
+
+def _build_quietly(which: str, files: dict[str, str] | None, tag: str) -> None:
+    try:
+        if files is None:  # as shipped, where a frame stepper builds it
+            importlib.import_module("streamvox.models.qwen3_tts.kernel_build").build(f"{which}_kernel.cu")
+        else:
+            build(which, files, tag)
+    except Exception:  # the caller's own build reports it
+        pass
+
+
+def build_all(builds: list[tuple[str, dict[str, str] | None, str]]) -> None:
+    """Compile every (which, files, tag) at once, one process each (the CUDA compiler is single-threaded: six
+    builds take the time of one); `build` then only loads them. Files None: the shipped kernel as a frame stepper
+    builds it (`kernel_build.build`). Failures are left for the later build to raise."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(len(builds), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for f in [pool.submit(_build_quietly, *b) for b in builds]:
+            try:
+                f.result()
+            except Exception:  # a broken pool only costs the time: the builds then run one by one
+                pass
 
 
 def install(which: str, ext) -> None:
