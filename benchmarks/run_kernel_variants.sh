@@ -15,19 +15,30 @@ mkdir -p "$OUT"
 # (the checkpoint's last file: a run cut short leaves none)
 [ -f "$MODEL/speech_tokenizer/preprocessor_config.json" ] || python3 benchmarks/make_real_shape_checkpoint.py --size 1.7b --out "$MODEL"
 
+# Two A/B runs a kernel: the variants that only move work or reads, then (on their own, so that a hang loses only
+# them) those that change how the warps or blocks hand work to each other. A variant that hangs is killed with
+# its run.
 case $which in
   talker)
-    variants=("$V/talker-grid-128.patch" "$V/talker-attention-batched-reads.patch"
-              "$V/talker-input-in-registers.patch"
-              "$V/talker-input-in-registers.patch+$V/talker-sums-at-phase-end.patch"
-              "$V/talker-grid-128.patch+$V/talker-attention-batched-reads.patch+$V/talker-input-in-registers.patch+$V/talker-sums-at-phase-end.patch") ;;
+    safe=("$V/talker-grid-128.patch" "$V/talker-attention-batched-reads.patch" "$V/talker-input-in-registers.patch"
+          "$V/talker-grid-128.patch+$V/talker-attention-batched-reads.patch+$V/talker-input-in-registers.patch")
+    handoff=("$V/talker-input-in-registers.patch+$V/talker-sums-at-phase-end.patch" "$V/talker-claimed-chunks.patch"
+             "$V/talker-grid-128.patch+$V/talker-attention-batched-reads.patch+$V/talker-claimed-chunks.patch") ;;
   predictor)
-    variants=("$V/predictor-grid-128.patch" "$V/predictor-split-rows.patch"
-              "$V/predictor-grid-128.patch+$V/predictor-split-rows.patch") ;;
+    safe=("$V/predictor-grid-128.patch" "$V/predictor-split-rows.patch"
+          "$V/predictor-grid-128.patch+$V/predictor-split-rows.patch")
+    handoff=() ;;
   *) echo "talker or predictor" >&2; exit 2 ;;
 esac
 
+ab() {  # ab NAME SECONDS VARIANT...: the shipped kernel against the variants, killed after SECONDS
+  local name=$1 limit=$2 args=()
+  shift 2
+  for v in "$@"; do args+=(--patch "$v"); done
+  timeout "$limit" python3 benchmarks/kernel_ab.py --model "$MODEL" --kernel "$which" "${args[@]}" \
+    --json-out "$OUT/ab-$which-$name.json" || echo "# kernel_ab $name: exit $? (124: killed after $limit s)"
+}
+
 python3 benchmarks/kernel_stamps.py --model "$MODEL" --kernel "$which" --json-out "$OUT/stamps-$which.json"
-patches=()
-for v in "${variants[@]}"; do patches+=(--patch "$v"); done
-python3 benchmarks/kernel_ab.py --model "$MODEL" --kernel "$which" "${patches[@]}" --json-out "$OUT/ab-$which.json"
+ab safe 300 "${safe[@]}"
+if [ ${#handoff[@]} -gt 0 ]; then ab handoff 180 "${handoff[@]}"; fi
