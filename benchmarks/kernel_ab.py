@@ -150,12 +150,19 @@ def main() -> None:
                       f"codes, worst relative difference {res['builds'][name]['worst_rel_diff']:.3g}")
         builds.append(b)
 
+    def save() -> None:
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(res, f, indent=1)
+
+    save()  # the checks, should the timing fail
     graphs = [gpu_bench.kernel_alone_graph(b.stepper, which, args.pos) for b in builds]
     for _ in range(args.rounds):
         for b, (graph, _inputs) in zip(builds, graphs, strict=True):
             alone, step = b.time(graph, args.pos, args.iters)
             res["builds"][b.name]["alone_us"].append(alone)
             res["builds"][b.name]["step_ms"].append(step)
+        save()
 
     base = res["builds"]["shipped"]
     gpu_bench.log(f"# {res['gpu']}; {which} kernel, grid {builds[0].kernel.grid}; medians of {args.rounds} "
@@ -173,9 +180,7 @@ def main() -> None:
         print(f"| {name} | {r['alone_us_median']:.1f} ({min(r['alone_us']):.1f}-{max(r['alone_us']):.1f}) | "
               f"{delta:+.1f} ({100 * delta / shipped_us:+.1f}%) | {r['step_ms_median']:.3f} | "
               f"{r['identical_codes']}/{r['states']} | {r['worst_rel_diff']:.2g} |")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(res, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":
