@@ -108,6 +108,11 @@ def main() -> None:
 
     which = args.kernel
     res: dict = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "kernel": which, "builds": {}}
+
+    def save() -> None:  # as it goes, so a run cut short (a variant that hangs) keeps what it measured
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(res, f, indent=1)
     trees = []  # (name, patch, sources)
     for patch in [None, *args.patch]:
         name = "shipped" if patch is None else "+".join(Path(p).stem for p in patch.split("+"))
@@ -149,13 +154,8 @@ def main() -> None:
         gpu_bench.log(f"# {name}: against shipped, {res['builds'][name]['identical_codes']}/{args.states} identical "
                       f"codes, worst relative difference {res['builds'][name]['worst_rel_diff']:.3g}")
         builds.append(b)
+        save()
 
-    def save() -> None:
-        if args.json_out:
-            with open(args.json_out, "w") as f:
-                json.dump(res, f, indent=1)
-
-    save()  # the checks, should the timing fail
     graphs = [gpu_bench.kernel_alone_graph(b.stepper, which, args.pos) for b in builds]
     for _ in range(args.rounds):
         for b, (graph, _inputs) in zip(builds, graphs, strict=True):
