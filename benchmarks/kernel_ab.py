@@ -113,6 +113,7 @@ def main() -> None:
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(res, f, indent=1)
+
     trees = []  # (name, patch, sources)
     for patch in [None, *args.patch]:
         name = "shipped" if patch is None else "+".join(Path(p).stem for p in patch.split("+"))
