@@ -26,7 +26,8 @@ case $which in
              "$V/talker-grid-128.patch+$V/talker-attention-batched-reads.patch+$V/talker-claimed-chunks.patch") ;;
   predictor)
     safe=("$V/predictor-grid-128.patch" "$V/predictor-split-rows.patch"
-          "$V/predictor-grid-128.patch+$V/predictor-split-rows.patch")
+          "$V/predictor-split-rows.patch+$V/predictor-gate-up-halves.patch"
+          "$V/predictor-grid-128.patch+$V/predictor-split-rows.patch+$V/predictor-gate-up-halves.patch")
     handoff=() ;;
   *) echo "talker or predictor" >&2; exit 2 ;;
 esac
