@@ -83,35 +83,40 @@ def apply_patch(files: dict[str, str], diff: str) -> dict[str, str]:
     return out
 
 
+def base_of(diff: str) -> str | None:
+    """The variant a patch is written on top of: its description's `Base: NAME` line (None: the shipped kernel)."""
+    m = BASE.search(diff[:diff.find("\n--- ")])
+    return m.group(1) if m else None
+
+
 def patched(patches: str | None) -> dict[str, str]:
     """The shipped sources with `patches` applied in order (paths joined by +; None: as shipped). A patch whose
     description has a line `Base: NAME` is written on top of variant NAME, which must come before it."""
     files, applied = shipped(), []
     for path in patches.split("+") if patches else []:
         diff = Path(path).read_text()
-        base = BASE.search(diff[:diff.find("\n--- ")])
-        if base and base.group(1) not in applied:
-            raise ValueError(f"{path} is written on top of {base.group(1)}: give {base.group(1)}+{path}")
+        base = base_of(diff)
+        if base and base not in applied:
+            raise ValueError(f"{path} is written on top of {base}: give {base}+{path}")
         files = apply_patch(files, diff)
         applied.append(Path(path).name)
     return files
 
 
 def build(which: str, files: dict[str, str], tag: str):
-    """The extension of `which`'s kernel (`talker` or `predictor`) built from `files`, named by `tag` and a digest
-    of the sources it compiles. The sources go to a directory named the same way, so a second build of them (in
-    this process or another) finds the first one's output up to date."""
-    from torch.utils.cpp_extension import load
+    """The extension of `which`'s kernel (`talker` or `predictor`) built from `files` by `kernel_build`, named by
+    `tag` and a digest of the sources it compiles. The sources go to a directory named by their digest, so a
+    second build of them (in this process or another) finds the first one's output up to date."""
+    from streamvox.models.qwen3_tts.kernel_build import compile_extension
 
     source = f"{which}_kernel.cu"
-    name = f"streamvox_{tag}_{which}_{hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]}"
-    where = Path(tempfile.gettempdir()) / "streamvox_kernel_sources" / name
+    digest = hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]
+    where = Path(tempfile.gettempdir()) / "streamvox_kernel_sources" / digest
     where.mkdir(parents=True, exist_ok=True)
     for file, text in files.items():
         if not (where / file).exists() or (where / file).read_text() != text:
             (where / file).write_text(text)
-    return load(name=name, sources=[str(where / source)], extra_include_paths=[str(where)],
-                extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+    return compile_extension(f"streamvox_{tag}_{which}", where / source)
 
 
 def _build_quietly(which: str, files: dict[str, str] | None, tag: str) -> None:

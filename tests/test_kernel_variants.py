@@ -55,8 +55,8 @@ def test_patch_of_another_file_fails() -> None:
 
 def chain(variant: Path) -> str:
     """The variant's patch, after the variant it is written on top of (its `Base:` line) if any."""
-    base = kernel_source.BASE.search(variant.read_text())
-    return f"{chain(variant.parent / base.group(1))}+{variant}" if base else str(variant)
+    base = kernel_source.base_of(variant.read_text())
+    return f"{chain(variant.parent / base)}+{variant}" if base else str(variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.stem for v in VARIANTS])
@@ -76,9 +76,12 @@ def _sources() -> list[tuple[str, str, str | None]]:
     return out + [(v.stem, v.stem.split("-")[0], chain(v)) for v in VARIANTS]
 
 
+SOURCES = _sources()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
 @pytest.mark.parametrize(("which", "patches", "stamped"),
-                         [(k, p, i.endswith("stamped")) for i, k, p in _sources()], ids=[s[0] for s in _sources()])
+                         [(k, p, i.endswith("stamped")) for i, k, p in SOURCES], ids=[i for i, _, _ in SOURCES])
 def test_source_compiles_for_sm90a(tmp_path, which, patches, stamped) -> None:
     from torch.utils.cpp_extension import include_paths
 

@@ -18,17 +18,21 @@ HERE = Path(__file__).parent
 K = TypeVar("K")
 
 
-@functools.cache
-def build(source: str):
-    """The extension built from `source` (a file beside this one) with the CUDA compiler through
-    `torch.utils.cpp_extension` (15-20 s, then cached). Its name carries a digest of the source and the shared
-    header, so an edited header is rebuilt too."""
+def compile_extension(prefix: str, source: Path):
+    """The extension built from `source` (beside it: `persistent.cuh`) with the CUDA compiler through
+    `torch.utils.cpp_extension` (15-20 s, then cached). Its name is `prefix` and a digest of the source and the
+    shared header, so an edited header is rebuilt too."""
     from torch.utils.cpp_extension import load
 
-    text = (HERE / source).read_bytes() + (HERE / "persistent.cuh").read_bytes()
-    name = f"streamvox_{Path(source).stem}_{hashlib.sha256(text).hexdigest()[:12]}"
-    return load(name=name, sources=[str(HERE / source)], extra_include_paths=[str(HERE)],
-                extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+    text = source.read_bytes() + (source.parent / "persistent.cuh").read_bytes()
+    return load(name=f"{prefix}_{hashlib.sha256(text).hexdigest()[:12]}", sources=[str(source)],
+                extra_include_paths=[str(source.parent)], extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+
+
+@functools.cache
+def build(source: str):
+    """The extension of `source`, a kernel beside this file (compile_extension)."""
+    return compile_extension(f"streamvox_{Path(source).stem}", HERE / source)
 
 
 def shape_mismatch(cfg, shape: dict[str, int], what: str) -> str | None:
