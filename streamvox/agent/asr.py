@@ -15,6 +15,7 @@ from contextlib import aclosing
 
 import numpy as np
 
+from streamvox.agent.errors import StageError
 from streamvox.agent.vllm_engine import VLLMEngine
 from streamvox.codecs.audio_io import Resampler
 
@@ -22,11 +23,10 @@ WHISPER_RATE = 16000
 WINDOW_S = 30
 
 
-class TranscriberError(Exception):
-    def __init__(self, message: str, code: str = "transcription_failed") -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+class TranscriberError(StageError):
+    """Speech recognition failed."""
+
+    default_code = "transcription_failed"
 
 
 class Transcriber:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from streamvox.agent.errors import StageError
 from streamvox.agent.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,10 @@ DEFAULT_MAX_TOKENS = 256
 DEFAULT_CONTEXT_TOKENS = 2048
 
 
-class ThinkerError(Exception):
-    def __init__(self, message: str, code: str = "thinker_failed") -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+class ThinkerError(StageError):
+    """The LLM failed or could not be reached."""
+
+    default_code = "thinker_failed"
 
 
 @dataclass(frozen=True)

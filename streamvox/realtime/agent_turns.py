@@ -23,6 +23,7 @@ import numpy as np
 import pybase64
 
 from streamvox.agent.asr import TranscriberError
+from streamvox.agent.errors import StageError
 from streamvox.agent.thinker import ThinkerError
 from streamvox.agent.vad import EnergyVad, VadSettings
 from streamvox.codecs.audio_io import Resampler
@@ -129,7 +130,7 @@ async def _stop_pump(pump: asyncio.Task) -> None:
         log.exception("thinker pump failed")
 
 
-def failure_details(error: EngineError | ThinkerError | TranscriberError) -> dict:
+def failure_details(error: EngineError | StageError) -> dict:
     return {"type": "failed", "error": {"type": "server_error", "code": error.code, "message": error.message}}
 
 
