@@ -824,7 +824,8 @@ def main() -> None:
     if args.reference_worker:
         reference_worker(args.model, args.frames, args.ref_runs)
         return
-    results: dict = {"command": " ".join(sys.argv), "model": args.model}
+    results: dict = {"command": " ".join(sys.argv), "model": args.model,
+                     "env": {k: v for k, v in os.environ.items() if k.startswith("STREAMVOX_")}}
     if torch.cuda.is_available():
         results["gpu"] = torch.cuda.get_device_name()
         log(f"# GPU: {results['gpu']}; torch {torch.__version__}")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from qwen3_tiny import build_tiny_checkpoint
 
-from streamvox.models.qwen3_tts import predictor_kernel, talker_kernel
+from streamvox.models.qwen3_tts import kernel_build, predictor_kernel, talker_kernel
 from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
 from streamvox.models.qwen3_tts.model import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runner import _SlotCache
@@ -96,3 +96,16 @@ def test_stamped_kernel_source_has_every_phase(which, points) -> None:
     assert [source.count(f"stamp({i}, stamp_last);") for i in range(points)] == [1] * points
     assert source.count("long long stamp_last = clock64();") == 1
     assert 'm.def("stamps", &read_stamps);' in source and f"stamp_sums[160][{points}]" in source
+
+
+def test_kernel_grid_leaves_the_decoder_its_multiprocessors(monkeypatch) -> None:
+    """STREAMVOX_QWEN3_DECODER_SMS multiprocessors are left out of the kernels' grid; a value that would leave the
+    kernels none, or is not a number, is refused with the variable's name."""
+    monkeypatch.delenv(kernel_build.DECODER_SMS, raising=False)
+    assert kernel_build.kernel_grid(132) == 132
+    monkeypatch.setenv(kernel_build.DECODER_SMS, "8")
+    assert kernel_build.kernel_grid(132) == 124
+    for bad in ("132", "-1", "four", ""):
+        monkeypatch.setenv(kernel_build.DECODER_SMS, bad)
+        with pytest.raises(ValueError, match="STREAMVOX_QWEN3_DECODER_SMS"):
+            kernel_build.kernel_grid(132)

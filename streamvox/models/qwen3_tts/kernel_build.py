@@ -35,6 +35,26 @@ def build(source: str):
     return compile_extension(f"streamvox_{Path(source).stem}", HERE / source)
 
 
+DECODER_SMS = "STREAMVOX_QWEN3_DECODER_SMS"
+
+
+def kernel_grid(multiprocessors: int) -> int:
+    """Blocks a one-launch kernel runs, one a multiprocessor: all `multiprocessors` but the number env
+    STREAMVOX_QWEN3_DECODER_SMS (default 0) leaves free. Each block fills its multiprocessor's shared memory for
+    the whole launch, so the codec decoder's kernels (on their low-priority stream) run beside a launch only on
+    the multiprocessors it leaves free; with none free they run between launches, in the AR stage's time.
+    Raises ValueError for a value that is not a whole number below `multiprocessors`."""
+    raw = os.environ.get(DECODER_SMS, "0")
+    try:
+        free = int(raw)
+    except ValueError:
+        free = -1
+    if not 0 <= free < multiprocessors:
+        raise ValueError(f"{DECODER_SMS}={raw!r}: a whole number from 0 to {multiprocessors - 1} "
+                         f"(this GPU has {multiprocessors} multiprocessors)")
+    return multiprocessors - free
+
+
 def shape_mismatch(cfg, shape: dict[str, int], what: str) -> str | None:
     """The first of `cfg`'s sizes that differs from the kernel's `shape`, as a reason (None: all match)."""
     for name, want in shape.items():

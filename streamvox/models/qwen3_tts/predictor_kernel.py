@@ -19,7 +19,8 @@ else, or a failed build, keeps the per-layer Triton kernels (`cuda_graphs.FrameS
 STREAMVOX_QWEN3_PREDICTOR_KERNEL: 0 never, 1 required (a failure raises), default auto.
 
 The barriers need every block resident at once (one per multiprocessor, which an otherwise idle GPU gives:
-other kernels only delay the launch). A GPU shared through MPS with another program that also keeps blocks
+other kernels only delay the launch; env STREAMVOX_QWEN3_DECODER_SMS leaves some multiprocessors to the codec
+decoder, `kernel_build.kernel_grid`). A GPU shared through MPS with another program that also keeps blocks
 resident while it waits could deadlock both; turn the kernel off there.
 """
 
@@ -30,6 +31,7 @@ import torch
 from streamvox.models.qwen3_tts.kernel_build import (
     build,
     device_unsupported,
+    kernel_grid,
     layer_weights,
     optional,
     pointers,
@@ -69,7 +71,7 @@ class PredictorPasses:
         cp = model.talker.code_predictor
         self.groups = model.cfg.talker.num_code_groups
         self.ht = model.cfg.talker.hidden_size
-        self.grid = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count)
         self.shared_bytes = self.ext.prepare(self.grid)  # raises if the device's limit is too low
         bf = dict(dtype=torch.bfloat16, device=dev)
         self.scratch = dict(qkv=torch.empty(4096, **bf), act=torch.empty(3072, **bf),

@@ -23,14 +23,16 @@ a low-priority decoder stream; PCM reaches pinned memory asynchronously, so deco
 steps. Env `STREAMVOX_QWEN3_IGNORE_EOS=1` never lets end-of-speech be chosen (fixed-length output for
 benchmarks with random weights). Other knobs: `STREAMVOX_CUDA_GRAPHS=0` (fast path without graphs),
 `STREAMVOX_QWEN3_COMPILE=0` (no torch.compile of the fused layer halves), `STREAMVOX_QWEN3_KERNEL_MAX_ROWS` (the
-largest frame step on the Triton decode kernels, default all), `STREAMVOX_QWEN3_WARMUP_WIDTHS`
-(attention widths whose graphs are captured at load, default "256,512"; others are captured on first use),
-`STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype: float32, float16, bfloat16, or by default auto: float16 on
-CUDA if it decodes as float32 does on the checkpoint, see `_load_codec`), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path
-prompts one at a time instead of one padded forward per step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused
-SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1` (the plain `Code2Wav` decoder on CUDA / the slot
-decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log host and GPU time per step phase,
-per-request waits and every host sync, every `STREAMVOX_QWEN3_TIMING_STEPS` engine steps: `step_timing`).
+largest frame step on the Triton decode kernels, default all), `STREAMVOX_QWEN3_WARMUP_WIDTHS` (attention widths
+whose graphs are captured at load, default "256,512"; others are captured on first use),
+`STREAMVOX_QWEN3_DECODER_SMS` (multiprocessors the one-row kernels leave free for the decoder's kernels to run
+beside them, default 0: `kernel_build.kernel_grid`), `STREAMVOX_QWEN3_CODEC_DTYPE` (codec decoder dtype: float32,
+float16, bfloat16, or by default auto: float16 on CUDA if it decodes as float32 does on the checkpoint, see
+`_load_codec`), `STREAMVOX_QWEN3_BATCH_PREFILL=0` (fast-path prompts one at a time instead of one padded forward per
+step), `STREAMVOX_QWEN3_CODEC_COMPILE=0` (no fused SnakeBeta in the decoder), `STREAMVOX_QWEN3_CODEC_GRAPHS=0/1`
+(the plain `Code2Wav` decoder on CUDA / the slot decoder, run eagerly, on the CPU), `STREAMVOX_QWEN3_TIMING=1` (log
+host and GPU time per step phase, per-request waits and every host sync, every `STREAMVOX_QWEN3_TIMING_STEPS` engine
+steps: `step_timing`).
 Everything a request owns (slot, text, generator, frame buffer, codec state) lives in
 its `_Request` and is dropped on finish, failure or `release`.
 """

@@ -16,7 +16,8 @@ Used for one-row frame steps of the shapes it is written for (the released 1.7B 
 GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory; anything else, or a failed
 build, keeps the per-layer Triton kernels (`cuda_graphs.FrameStepper`). Env STREAMVOX_QWEN3_TALKER_KERNEL: 0
 never, 1 required (a failure raises), default auto. Like the predictor's kernel it needs every block resident
-at once (see predictor_kernel.py).
+at once (see predictor_kernel.py), and runs one block on every multiprocessor but those that env
+STREAMVOX_QWEN3_DECODER_SMS leaves to the codec decoder (`kernel_build.kernel_grid`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from streamvox.models.qwen3_tts.kernel_build import (
     build,
     device_unsupported,
+    kernel_grid,
     layer_weights,
     optional,
     pointers,
@@ -43,7 +45,8 @@ def unsupported(model, max_len: int) -> str | None:
     why = shape_mismatch(model.cfg.talker, SHAPE, "talker") or device_unsupported(model)
     if why is not None:
         return why
-    groups = torch.cuda.get_device_properties(model.device).multi_processor_count // SHAPE["num_key_value_heads"]
+    sms = torch.cuda.get_device_properties(model.device).multi_processor_count
+    groups = kernel_grid(sms) // SHAPE["num_key_value_heads"]
     if max_len > groups * MAX_SPAN:
         return f"a cache of {max_len} positions (at most {groups * MAX_SPAN} on this GPU)"
     return None
@@ -56,7 +59,7 @@ class TalkerLayers:
         self.ext = build("talker_kernel.cu")
         assert self.ext.max_span() == MAX_SPAN
         dev = model.device
-        self.grid = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count)
         self.shared_bytes = self.ext.prepare()  # raises if the device's limit is too low
         tc = model.cfg.talker
         h, hd, nh, nkv = tc.hidden_size, tc.head_dim, tc.num_attention_heads, tc.num_key_value_heads
