@@ -220,7 +220,6 @@ def micro(model_dir: str) -> dict:
     from streamvox.models.qwen3_tts.code2wav import Code2Wav
     from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
-    from streamvox.models.qwen3_tts.runner import _SlotCache
 
     out: dict = {}
     if os.environ.get("MICRO_DECODER", "all") == "graphed":  # only the serving decoder: cuDNN autotuning off, on
@@ -258,8 +257,7 @@ def micro(model_dir: str) -> dict:
     # per codebook step (15), the projection each step.
     step_weight_b = talker_b + head_b + text_proj_b + 15 * (cp_layers_b + cp_head_b + proj_b)
     out["weights_bytes_per_step"] = step_weight_b
-    cache = _SlotCache(tc.num_hidden_layers, 129, tc.num_key_value_heads, 1024, tc.head_dim, torch.bfloat16,
-                       model.device)  # 128 slots + the stepper's scratch slot
+    cache = talker_cache(model, slots=129)  # 128 slots + the stepper's scratch slot
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     # (CUDA graphs, Triton decode kernels, the talker's attention by split_attend, the rows they run at)
     variants = [(True, True, True, (1, 4, 16, 64, 128)), (True, True, False, (1, 4, 16, 64, 128))]
@@ -615,7 +613,7 @@ def profile(model_dir: str) -> dict:
 
     from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
     from streamvox.models.qwen3_tts.model import Qwen3TTSModel
-    from streamvox.models.qwen3_tts.runner import _PrefillView, _SlotCache
+    from streamvox.models.qwen3_tts.runner import _PrefillView
 
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
@@ -626,8 +624,7 @@ def profile(model_dir: str) -> dict:
     ms = _time_cuda(lambda: lin(xin), iters=20)
     log(f"# one up_proj GEMV ({tuple(lin.weight.shape)}): {ms * 1000:.1f} us "
         f"(bound {lin.weight.numel() * 2 / COPY_TBS * 1e6:.1f} us)")
-    cache = _SlotCache(tc.num_hidden_layers, 65, tc.num_key_value_heads, 512, tc.head_dim, torch.bfloat16,
-                       model.device)
+    cache = talker_cache(model, slots=65, positions=512)
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     tables: dict = {}
     for kernels, sizes in ((True, (1, 16, 64)), (False, (64,))):

@@ -45,14 +45,10 @@ def kernel_grid(multiprocessors: int) -> int:
     the multiprocessors it leaves free; with none free they run between launches, in the AR stage's time.
     Raises ValueError for a value that is not a whole number below `multiprocessors`."""
     raw = os.environ.get(DECODER_SMS, "0")
-    try:
-        free = int(raw)
-    except ValueError:
-        free = -1
-    if not 0 <= free < multiprocessors:
+    if not raw.isdigit() or int(raw) >= multiprocessors:
         raise ValueError(f"{DECODER_SMS}={raw!r}: a whole number from 0 to {multiprocessors - 1} "
                          f"(this GPU has {multiprocessors} multiprocessors)")
-    return multiprocessors - free
+    return multiprocessors - int(raw)
 
 
 def shape_mismatch(cfg, shape: dict[str, int], what: str) -> str | None:
