@@ -16,7 +16,7 @@ from contextlib import aclosing
 import numpy as np
 
 from streamvox.agent.errors import StageError
-from streamvox.agent.vllm_engine import VLLMEngine
+from streamvox.agent.vllm_engine import VLLMEngine, VLLMStage
 from streamvox.codecs.audio_io import Resampler
 
 WHISPER_RATE = 16000
@@ -55,7 +55,7 @@ def to_whisper_rate(pcm: np.ndarray, sample_rate: int) -> np.ndarray:
     return np.concatenate([resampler.process(pcm.astype(np.float32)), resampler.flush()])
 
 
-class VLLMWhisper(Transcriber):
+class VLLMWhisper(VLLMStage, Transcriber):
     name = "vllm-whisper"
 
     def __init__(self, model: str, *, max_tokens: int = 128, dtype: str = "auto", enforce_eager: bool = True) -> None:
@@ -94,12 +94,3 @@ class VLLMWhisper(Transcriber):
             async with aclosing(self.engine.deltas(inputs, params, f"{request_id}-{index}")) as deltas:
                 async for text in deltas:
                     yield text
-
-    @property
-    def active_requests(self) -> int:
-        return 0 if self.engine is None else self.engine.active_requests
-
-    async def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None

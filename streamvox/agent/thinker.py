@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import httpx
 
 from streamvox.agent.errors import StageError
-from streamvox.agent.vllm_engine import VLLMEngine
+from streamvox.agent.vllm_engine import VLLMEngine, VLLMStage
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def chatml_prompt(messages: list[dict]) -> str:
     return "".join(parts) + "<|im_start|>assistant\n"
 
 
-class VLLMThinker(Thinker):
+class VLLMThinker(VLLMStage, Thinker):
     """vLLM's AsyncLLM, in-process. One vLLM request per response; aborted on cancel."""
 
     name = "vllm"
@@ -134,15 +134,6 @@ class VLLMThinker(Thinker):
     async def abort(self, request_id: str) -> None:
         if self.engine is not None:
             await self.engine.abort(request_id)
-
-    @property
-    def active_requests(self) -> int:
-        return 0 if self.engine is None else self.engine.active_requests
-
-    async def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
 
 
 async def _get_tokenizer(llm):

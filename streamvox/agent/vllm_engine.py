@@ -1,7 +1,8 @@
 """Requests through an in-process vLLM `AsyncLLM`, as the transcriber (asr.py) and the thinker (thinker.py) make them.
 
 Each request streams text deltas and is aborted in vLLM when its consumer stops iterating before the end, so the
-engine never keeps generating for nobody.
+engine never keeps generating for nobody. `VLLMStage` is what both stages share once started: the count the
+metrics read and the shutdown.
 """
 
 from __future__ import annotations
@@ -45,3 +46,18 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+class VLLMStage:
+    """A stage that runs on a `VLLMEngine` once `start` has set `engine`; mixed in before its interface class."""
+
+    engine: VLLMEngine | None = None
+
+    @property
+    def active_requests(self) -> int:
+        return 0 if self.engine is None else self.engine.active_requests
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
