@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The one-launch kernels' next runs on a GPU machine (RESULTS.md, "Runs to make next", item 2 (a)-(b)): where each
+# The one-launch kernels' next runs on a GPU machine (RESULTS.md, "Runs to make next", item 2 (a)-(c)): where each
 # kernel's time goes, then every variant under benchmarks/variants/ against the shipped kernel on the same GPU.
 # Output and JSON go to $OUT. Parts, each within one 600 s call of the device tool:
 #   bash benchmarks/run_kernel_variants.sh talker       # stamps of the talker kernel, then its A/B
 #   bash benchmarks/run_kernel_variants.sh predictor    # the same for the predictor kernel
+#   bash benchmarks/run_kernel_variants.sh serve        # one stream served as shipped, then with the A/B runs'
+#                                                       # winners (ab_winner.py) written over the tree
+# `serve` reads the A/B runs' JSON from $OUT: where $OUT is emptied between calls (the device tool), give all
+# three parts the same OUT=/tmp/kv and copy it out at the end.
 # The checkpoint (1.7B shapes, random weights) is built first unless $MODEL already holds one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-which=${1:?talker or predictor}
+which=${1:?talker, predictor or serve}
 OUT=${OUT:-/tmp/kernel-variants}
 MODEL=${MODEL:-/tmp/q}
 V=benchmarks/variants
@@ -18,7 +22,17 @@ mkdir -p "$OUT"
 # Two A/B runs a kernel: the variants that only move work or reads, then (on their own, so that a hang loses only
 # them) those that change how the warps or blocks hand work to each other. A variant that hangs is killed with
 # its run.
+serve() {  # serve NAME: one stream, 16 requests of 10 s after the warm-up, killed after 180 s
+  timeout 180 python3 benchmarks/gpu_bench.py --model "$MODEL" --serve --concurrency 1 --clients raw --max-batch 2 \
+    --json-out "$OUT/serve-c1-$1.json" || echo "# serve $1: exit $? (124: killed after 180 s)"
+}
+
 case $which in
+  serve)
+    winners=$(python3 benchmarks/ab_winner.py "$OUT"/ab-*.json)
+    serve shipped
+    [ -z "$winners" ] || { python3 benchmarks/kernel_source.py "$winners" && serve winners; }
+    exit ;;
   talker)
     safe=("$V/talker-grid-128.patch" "$V/talker-attention-batched-reads.patch" "$V/talker-input-in-registers.patch"
           "$V/talker-grid-128.patch+$V/talker-attention-batched-reads.patch+$V/talker-input-in-registers.patch")
@@ -29,7 +43,7 @@ case $which in
           "$V/predictor-split-rows.patch+$V/predictor-gate-up-halves.patch"
           "$V/predictor-grid-128.patch+$V/predictor-split-rows.patch+$V/predictor-gate-up-halves.patch")
     handoff=() ;;
-  *) echo "talker or predictor" >&2; exit 2 ;;
+  *) echo "talker, predictor or serve" >&2; exit 2 ;;
 esac
 
 ab() {  # ab NAME SECONDS VARIANT...: the shipped kernel against the variants, killed after SECONDS
