@@ -1,6 +1,7 @@
 """The one-launch kernels' edited copies that the GPU benchmarks build (benchmarks/kernel_source.py): patches
-apply exactly or fail, every variant under benchmarks/variants/ still applies to the kernels as they are, and,
-where the CUDA compiler is installed, the shipped, patched and stamped sources compile for the H200 (sm_90a)."""
+apply exactly or fail, the A/B runs' winner is picked by its rules (benchmarks/ab_winner.py), every variant
+under benchmarks/variants/ still applies to the kernels as they are, and, where the CUDA compiler is installed,
+the shipped, patched and stamped sources compile for the H200 (sm_90a)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import ab_winner  # noqa: E402
 import kernel_source  # noqa: E402
 from kernel_stamps import stamped_source  # noqa: E402
 
@@ -35,6 +37,26 @@ def test_patch_applies_at_its_line_or_its_one_other_match() -> None:
     assert kernel_source.apply_patch(FILES, DIFF)["k.cu"] == "a\nb\nC\nd\ne\nf\n"
     moved = {"k.cu": "x\ny\n" + FILES["k.cu"], "persistent.cuh": "h\n"}  # two lines added above the hunk
     assert kernel_source.apply_patch(moved, DIFF)["k.cu"] == "x\ny\na\nb\nC\nd\ne\nf\n"
+
+
+def _build(us: float, ms: float, identical: int = 8, diff: float = 0.0) -> dict:
+    return {"alone_us": [us, us + 2, us - 2], "step_ms": [ms] * 3, "identical_codes": identical, "states": 8,
+            "worst_rel_diff": diff}
+
+
+def test_ab_winner_is_the_fastest_variant_that_passes() -> None:
+    run = {"kernel": "predictor", "builds": {
+        "shipped": _build(1500, 3.05),
+        "fast-but-wrong-codes": _build(1300, 2.9, identical=3),
+        "fast-but-far": _build(1310, 2.9, diff=0.05),
+        "a+b": _build(1450, 3.0),
+        "a": _build(1470, 3.01),
+        "broken": {"error": "failed"}}}
+    name, gain = ab_winner.winner(run, min_gain=1.0, max_diff=0.02)
+    assert name == "a+b" and gain == pytest.approx(100 * 50 / 1500)
+    assert ab_winner.winner(run, min_gain=4.0, max_diff=0.02) is None  # a+b gains 3.3%
+    run["builds"]["a+b"]["step_ms"] = [3.1] * 3  # a slower frame step loses whatever the kernel alone gains
+    assert ab_winner.winner(run, min_gain=1.0, max_diff=0.02)[0] == "a"
 
 
 def test_patch_blank_context_line_may_have_lost_its_space() -> None:
