@@ -19,14 +19,14 @@ mkdir -p "$OUT"
 # (the checkpoint's last file: a run cut short leaves none)
 [ -f "$MODEL/speech_tokenizer/preprocessor_config.json" ] || python3 benchmarks/make_real_shape_checkpoint.py --size 1.7b --out "$MODEL"
 
-# Two A/B runs a kernel: the variants that only move work or reads, then (on their own, so that a hang loses only
-# them) those that change how the warps or blocks hand work to each other. A variant that hangs is killed with
-# its run.
 serve() {  # serve NAME: one stream, 16 requests of 10 s after the warm-up, killed after 180 s
   timeout 180 python3 benchmarks/gpu_bench.py --model "$MODEL" --serve --concurrency 1 --clients raw --max-batch 2 \
     --json-out "$OUT/serve-c1-$1.json" || echo "# serve $1: exit $? (124: killed after 180 s)"
 }
 
+# `serve` serves and stops here. The other parts make two A/B runs a kernel: the variants that only move work
+# or reads, then (on their own, so that a hang loses only them) those that change how the warps or blocks hand
+# work to each other. A variant that hangs is killed with its run.
 case $which in
   serve)
     winners=$(python3 benchmarks/ab_winner.py "$OUT"/ab-*.json)
