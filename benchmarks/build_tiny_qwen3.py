@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "helpers"))
 
 TASKS = ("custom_voice", "voice_design", "base")
 CODEBOOK = 64  # the tiny speech tokenizer's codebook size
@@ -24,8 +24,8 @@ CODEBOOK = 64  # the tiny speech tokenizer's codebook size
 
 def build(out: str | Path, task: str = "custom_voice", seed: int = 0) -> Path:
     """Write the checkpoint to `out` (talker seed `seed`, speech tokenizer seed 3) and return its path."""
-    from qwen3_tiny import build_tiny_checkpoint
-    from qwen3_tiny_codec import build_tiny_speech_tokenizer
+    from tests.helpers.qwen3_tiny import build_tiny_checkpoint
+    from tests.helpers.qwen3_tiny_codec import build_tiny_speech_tokenizer
 
     return build_tiny_checkpoint(Path(out), task, seed=seed, codebook_size=CODEBOOK,
                                  speech_tokenizer_builder=lambda d: build_tiny_speech_tokenizer(d, seed=3))

@@ -69,11 +69,11 @@ class _Sink:
 
 def _runner(model, mode: str, n_req: int, frames: int, on_frame=None):
     """A fresh runner in `mode` with n_req greedy requests added."""
-    from streamvox.engine.request import SamplingParams, SpeechRequest
-    from streamvox.models.qwen3_tts.runner import Qwen3TTSRunner
+    from streamvox.contract import SamplingParams, SpeechRequest
+    from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
 
     os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
-    os.environ["STREAMVOX_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
+    os.environ["STREAMVOX_QWEN3_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
     os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
     os.environ.pop("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS", None)  # the served configuration, but for graph-sdpa
     if mode == "graph-sdpa":
@@ -136,7 +136,7 @@ def _check_step_graph(model, n_req: int) -> dict:
 
 def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16),
           requests: tuple = (1, 16)) -> dict:
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
 
     res = {}
     # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels;
@@ -177,7 +177,7 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
 def repeat(model_dir: str, device: str, dtypes: tuple = (torch.float32,)) -> dict:
     """The greedy codes of the same 16 requests, per dtype: the graph and the eager stepper twice each and the
     bucketed eager stepper once, in one process: identical frames of each run against the first graph run."""
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
 
     res = {}
     for dtype in dtypes:
@@ -217,9 +217,9 @@ def _time_cuda(fn, iters: int = 30, warm: int = 3) -> float:
 
 def micro(model_dir: str) -> dict:
     global COPY_TBS
-    from streamvox.models.qwen3_tts.code2wav import Code2Wav
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
     out: dict = {}
     if os.environ.get("MICRO_DECODER", "all") == "graphed":  # only the serving decoder: cuDNN autotuning off, on
@@ -299,7 +299,7 @@ def micro(model_dir: str) -> dict:
             log(f"# single prefill 60 positions (fused stack): {ms:.2f} ms")
         del st
     # prefill of one prompt (~60 positions)
-    from streamvox.models.qwen3_tts.runner import _PrefillView
+    from streamvox.models.qwen3_tts.runtime.runner import _PrefillView
 
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
@@ -321,7 +321,7 @@ ONE_LAUNCH = {"predictor": ("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "pred_kernel"),
 
 def talker_cache(model, slots: int = 3, positions: int = 1024):
     """A bfloat16 talker key/value cache for `model` (what the runner allocates, smaller)."""
-    from streamvox.models.qwen3_tts.runner import _SlotCache
+    from streamvox.models.qwen3_tts.runtime.runner import _SlotCache
 
     tc = model.cfg.talker
     return _SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, positions, tc.head_dim, torch.bfloat16,
@@ -331,7 +331,7 @@ def talker_cache(model, slots: int = 3, positions: int = 1024):
 def one_row_stepper(model, cache):
     """A frame stepper of up to 2 rows with CUDA graphs and the decode kernels (the one-launch kernels as their
     env variables say)."""
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
+    from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
     tc = model.cfg.talker
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device=model.device)
@@ -341,7 +341,7 @@ def one_row_stepper(model, cache):
 def kernel_alone_graph(stepper, which: str, pos: int) -> tuple:
     """A CUDA graph of `stepper`'s one-launch kernel `which` alone, at one row and talker position `pos`, and the
     inputs it reads (keep them while replaying)."""
-    from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
+    from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph
 
     kernel = getattr(stepper, ONE_LAUNCH[which][1])
     tc = stepper.model.cfg.talker
@@ -362,8 +362,8 @@ def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24
     random states through both (eager); the step's codes (frame and next codebook-0 id) identical, and where they
     are, the caches and hidden state it wrote; the kernel's graph replayed against its eager run; the one-row
     frame-step graph's time with and without it, and the kernel's alone."""
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
     env, attr = ONE_LAUNCH[which]
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
@@ -444,7 +444,7 @@ def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24
 def _micro_decoder_dtypes(model_dir: str, which: str) -> dict:
     """The streaming decoder (eager) per dtype: 25-frame chunks at 1, 16, 64 streams, first chunks, and each
     dtype's error against strict fp32 (`which`: "tf32" times only fp32 with TF32, plus the graphed decoder)."""
-    from streamvox.models.qwen3_tts.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
 
     out: dict = {}
     st_dir = os.path.join(model_dir, "speech_tokenizer")
@@ -507,7 +507,7 @@ def _micro_decoder_dtypes(model_dir: str, which: str) -> dict:
 def _micro_graphed_decoder(codec, codes: torch.Tensor, suffix: str = "") -> dict:
     """The serving decoder (`GraphedDecoder`, CUDA graphs, as the runner builds it for --max-batch 64):
     first chunks (lane 0) and 8- and 25-frame calls (lane 1). `suffix`: appended to the result keys."""
-    from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
+    from streamvox.models.qwen3_tts.codec.graphed import GraphedDecoder
 
     out = {}
     t0 = time.perf_counter()
@@ -537,8 +537,8 @@ def _check_prefill_graph(model, lens: tuple[int, ...]) -> dict:
     """The prefill graph (prompts of `lens` positions in their (rows, 64) bucket: (60, 37, 51) in (4, 64), one
     padded row on the scratch slot; (60,) in (1, 64)) against the same prompts prefilled eagerly, padded only
     to the longest: relative error of the last hidden states and of the written keys."""
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
-    from streamvox.models.qwen3_tts.runner import _SlotCache
+    from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
+    from streamvox.models.qwen3_tts.runtime.runner import _SlotCache
 
     tc = model.cfg.talker
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -564,8 +564,8 @@ def _check_prefill_graph(model, lens: tuple[int, ...]) -> dict:
 def _check_graphed_decoder(model_dir: str) -> dict:
     """The graphed decoder against `Code2Wav.decode_stream` (both fp32/TF32), 8 streams of 2 + 25 + 7
     frames, several streams per call: relative L2 error of the audio."""
-    from streamvox.models.qwen3_tts.code2wav import Code2Wav
-    from streamvox.models.qwen3_tts.codec_graphs import GraphedDecoder
+    from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.codec.graphed import GraphedDecoder
 
     codec = Code2Wav.from_pretrained(os.path.join(model_dir, "speech_tokenizer"), device="cuda")
     codec.check_codes = False
@@ -611,9 +611,9 @@ def profile(model_dir: str) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    from streamvox.models.qwen3_tts.cuda_graphs import FrameStepper
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
-    from streamvox.models.qwen3_tts.runner import _PrefillView
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
+    from streamvox.models.qwen3_tts.runtime.runner import _PrefillView
 
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
@@ -704,7 +704,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
 
 
 def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str]) -> list[dict]:
-    from tests.conftest import Server, free_port
+    from tests.helpers.server import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
     t0 = time.time()

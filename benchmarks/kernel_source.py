@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "streamvox" / "models" / "qwen3_tts"
+KERNELS = ROOT / "streamvox" / "models" / "qwen3_tts" / "kernels"
 HEADER = "persistent.cuh"
 BASE = re.compile(r"^Base: (\S+)$", re.M)
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@")
@@ -107,7 +107,7 @@ def build(which: str, files: dict[str, str], tag: str):
     """The extension of `which`'s kernel (`talker` or `predictor`) built from `files` by `kernel_build`, named by
     `tag` and a digest of the sources it compiles. The sources go to a directory named by their digest, so a
     second build of them (in this process or another) finds the first one's output up to date."""
-    from streamvox.models.qwen3_tts.kernel_build import compile_extension
+    from streamvox.models.qwen3_tts.kernels.build import compile_extension
 
     source = f"{which}_kernel.cu"
     digest = hashlib.sha256((files[source] + files[HEADER]).encode()).hexdigest()[:12]
@@ -122,7 +122,7 @@ def build(which: str, files: dict[str, str], tag: str):
 def _build_quietly(which: str, files: dict[str, str] | None, tag: str) -> None:
     try:
         if files is None:  # as shipped, where a frame stepper builds it
-            importlib.import_module("streamvox.models.qwen3_tts.kernel_build").build(f"{which}_kernel.cu")
+            importlib.import_module("streamvox.models.qwen3_tts.kernels.build").build(f"{which}_kernel.cu")
         else:
             build(which, files, tag)
     except Exception:  # the caller's own build reports it

@@ -120,7 +120,7 @@ def main() -> None:
                     help="stamp a variant instead: benchmarks/variants/*.patch, several joined by +")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
-    from streamvox.models.qwen3_tts.model import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
 
     ext, labels = build_stamped(args.kernel, args.patch)
     kernel_source.install(args.kernel, ext)

@@ -32,13 +32,12 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from qwen3_tiny import _tokenizer, tiny_config  # noqa: E402
-from qwen3_tiny_codec import _decoder_shapes, _encoder_shapes, _random_tensor  # noqa: E402
-from qwen3_tiny_codec import tiny_config as tiny_codec_config  # noqa: E402
-
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "helpers"))
 from streamvox.models.qwen3_tts.config import parse_config  # noqa: E402
-from streamvox.models.qwen3_tts.modeling import Qwen3TTS  # noqa: E402
+from streamvox.models.qwen3_tts.model.modules import Qwen3TTS  # noqa: E402
+from tests.helpers.qwen3_tiny import _tokenizer, tiny_config  # noqa: E402
+from tests.helpers.qwen3_tiny_codec import _decoder_shapes, _encoder_shapes, _random_tensor  # noqa: E402
+from tests.helpers.qwen3_tiny_codec import tiny_config as tiny_codec_config  # noqa: E402
 
 TALKER = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072),
@@ -109,7 +108,7 @@ def build(size: str, out: Path, device: str, seed: int = 0, layers: int = 28) ->
     n_codec = sum(v.numel() for k, v in tensors.items() if k.startswith("decoder."))
     save_file(tensors, str(st / "model.safetensors"), metadata={"format": "pt"})
     (st / "config.json").write_text(json.dumps(ccfg, indent=2))
-    from qwen3_tiny_codec import PREPROCESSOR_CONFIG
+    from tests.helpers.qwen3_tiny_codec import PREPROCESSOR_CONFIG
 
     (st / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
     print(f"# checkpoint {size}: {n_params / 1e6:.0f}M talker params, {n_codec / 1e6:.0f}M decoder params, "

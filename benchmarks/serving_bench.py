@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tests.conftest import start_server  # noqa: E402
+from tests.helpers.server import start_server  # noqa: E402
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog, then rests beneath a tall oak tree near the river.",

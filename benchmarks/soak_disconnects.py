@@ -44,7 +44,7 @@ TEXTS = [
     "Short one.",
 ]
 # RSS is read this long after the server went idle: it trims its heap ~2-4 s after the last request ends
-# (streamvox/realtime/housekeeping.py).
+# (streamvox/server/housekeeping.py).
 SETTLE_S = 5.0
 PATTERNS = ["full", "headers", "mid-stream", "mid-stream", "mid-stream", "file", "ws-stream", "ws-realtime"]
 
@@ -225,7 +225,7 @@ def soak(server, requests: int, concurrency: int, warmup: int, seed: int = 0, ti
 
 
 def main() -> int:
-    from tests.conftest import start_server
+    from tests.helpers.server import start_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000)

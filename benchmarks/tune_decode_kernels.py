@@ -1,4 +1,4 @@
-"""Time the Triton decode kernels (streamvox/models/qwen3_tts/decode_kernels.py) at the 1.7B talker's and
+"""Time the Triton decode kernels (streamvox/models/qwen3_tts/kernels/triton_decode.py) at the 1.7B talker's and
 code predictor's shapes, over a grid of launch configurations, against the torch ops they replace.
 
     python benchmarks/tune_decode_kernels.py [--rows 1 16 64 128] [--json-out F]
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from streamvox.models.qwen3_tts import decode_kernels as dk
-from streamvox.models.qwen3_tts.cuda_graphs import capture_graph
+from streamvox.models.qwen3_tts.kernels import triton_decode as dk
+from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
 # (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072

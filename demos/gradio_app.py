@@ -35,7 +35,7 @@ MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 
 def _player_js() -> str:
     try:
-        from streamvox.realtime.demo_page import STATIC_DIR as package_static
+        from streamvox.server.demo_page import STATIC_DIR as package_static
     except ImportError:
         package_static = STATIC_DIR
     return (package_static / "streamvox.js").read_text()

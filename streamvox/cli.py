@@ -10,18 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
-from streamvox.codecs.audio_io import FORMATS, Resampler, encode_audio
-from streamvox.engine.async_engine import AsyncEngine, AudioChunk, EngineError, new_request_id
-from streamvox.engine.request import SpeechRequest
-from streamvox.models import DEFAULT_MODEL
+from streamvox.audio.formats import FORMATS, Resampler, encode_audio
+from streamvox.contract import SpeechRequest
+from streamvox.engine.client import AsyncEngine, AudioChunk, EngineError, new_request_id
+from streamvox.models.registry import DEFAULT_MODEL
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from streamvox.agent.responder import AgentSettings
-    from streamvox.realtime.app import ServerSettings, build_app
-    from streamvox.realtime.security import MediaPolicy
+    from streamvox.server.app import ServerSettings, build_app
+    from streamvox.server.media_fetch import MediaPolicy
 
     if args.allowed_local_media_path and not Path(args.allowed_local_media_path).is_dir():
         raise SystemExit(f"streamvox: --allowed-local-media-path {args.allowed_local_media_path!r} is not a directory")

@@ -26,10 +26,9 @@ import traceback
 import numpy as np
 import zmq
 
-from streamvox.codecs.audio_io import Resampler
+from streamvox.audio.formats import Resampler
+from streamvox.contract import RequestError, Runner, SpeechRequest
 from streamvox.engine import messages as m
-from streamvox.engine.request import SpeechRequest
-from streamvox.models.base import RequestError, Runner
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +334,7 @@ class EngineCore:
 
 def run_engine_core(model: str, model_options: dict, input_address: str, output_address: str) -> None:
     """Process entry point: load the model, then serve until shutdown or a crash."""
-    from streamvox.models import load_runner
+    from streamvox.models.registry import load_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     # The server's event loop is the latency-critical process: when the CPUs are contended, it gets the larger

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from streamvox.engine.request import SpeechRequest
-from streamvox.models.base import ModelInfo
+from streamvox.contract import ModelInfo, SpeechRequest
 
 # front end -> core
 

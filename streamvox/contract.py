@@ -1,0 +1,125 @@
+"""What the engine and the model families agree on.
+
+A request (`SpeechRequest`) goes in; a model family gives the engine core one
+`Runner`, which reports the served model (`ModelInfo`) and sends each request's
+audio to an `OutputSink`. The core owns the busy loop: it hands the runner new
+requests, text and cancellations, then calls `step()` whenever the runner has
+work. A runner keeps every piece of per-request state (KV slot, pending text,
+sampler RNG, frame buffer, decoder state) keyed by request id and frees it in
+`release()`. A request the model cannot serve raises `RequestError`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+import numpy as np
+
+
+class SamplingParams(msgspec.Struct, frozen=True):
+    """Sampling overrides; `None` means the model's default. `temperature=0` is greedy."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+
+
+class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One utterance. With `text_complete=False` more text follows through `feed_text`."""
+
+    request_id: str
+    text: str = ""
+    text_complete: bool = True
+    voice: str | None = None
+    language: str | None = None
+    instructions: str | None = None
+    task_type: str | None = None
+    speed: float = 1.0
+    ref_audio: bytes | None = None  # mono float32 PCM at `ref_sample_rate`
+    ref_sample_rate: int | None = None
+    ref_text: str | None = None
+    sampling: SamplingParams = SamplingParams()
+    initial_codec_chunk_frames: int | None = None
+    # Rate of the audio the request yields; None: the model's. The engine core resamples, so the event
+    # loop does not (the one stateful resampler per request keeps chunk boundaries seamless).
+    sample_rate: int | None = None
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What the front end needs to know about the served model, sent once at start-up."""
+
+    name: str
+    family: str
+    sample_rate: int
+    voices: list[str]
+    default_voice: str
+    languages: list[str] = []
+    task_types: list[str] = []
+    streaming_text: bool = False  # True: text may arrive token by token mid-generation
+    native_speed: bool = False  # True: the model applies `speed` itself
+    voice_cloning: bool = False  # True: POST /v1/audio/voices is offered
+
+
+class RequestError(Exception):
+    """A request the model cannot serve; becomes a 400 (or an `error` event) for that request only."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class OutputSink(Protocol):
+    """Where a runner sends results; the core forwards each call to the front end at once."""
+
+    def audio(self, request_id: str, pcm: np.ndarray) -> None:
+        """A delta of mono float32 PCM at `ModelInfo.sample_rate` (only new samples)."""
+
+    def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
+        """The request is complete (`reason`: "stop" or "length"); its state is already released."""
+
+    def failed(self, request_id: str, error: RequestError) -> None:
+        """The request failed; its state is already released."""
+
+
+class Runner(Protocol):
+    """One model family's execution inside the engine core process."""
+
+    info: ModelInfo
+
+    def add(self, request: SpeechRequest) -> None:
+        """Admit a request; raise `RequestError` to refuse it."""
+
+    def feed_text(self, request_id: str, text: str) -> None:
+        """More input text for a request created with `text_complete=False`."""
+
+    def end_input(self, request_id: str) -> None:
+        """The request's text is complete."""
+
+    def release(self, request_id: str) -> None:
+        """Drop every piece of state the request holds (cancel); unknown ids are ignored."""
+
+    def has_work(self) -> bool:
+        """True when `step()` would make progress for at least one request."""
+
+    def step(self, sink: OutputSink) -> None:
+        """Advance the scheduled requests by one step, sending outputs to `sink`."""
+
+
+class VoiceCloningRunner(Runner, Protocol):
+    """A runner with `ModelInfo.voice_cloning`: named voices cloned from reference audio.
+
+    A request whose `voice` names a registered voice is spoken in it; the runner derives
+    what it needs (speaker embedding, reference codes) once, in `add_voice`.
+    """
+
+    def add_voice(self, name: str, ref_audio: bytes, sample_rate: int, ref_text: str | None = None) -> None:
+        """Register (or replace) voice `name` from mono float32 PCM; raise `RequestError` to refuse it."""
+
+    def remove_voice(self, name: str) -> None:
+        """Forget voice `name`; unknown names are ignored. Admitted requests are unaffected."""

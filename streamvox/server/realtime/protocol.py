@@ -1,0 +1,331 @@
+"""OpenAI Realtime session state: the two dialects (GA and beta), session config, audio formats.
+
+One connection speaks one dialect, chosen at connect time: beta when the client
+sent `OpenAI-Beta: realtime=v1`, GA otherwise. `session.update` accepts either
+session shape in both dialects (fields of the two shapes merge); what the
+server sends back is always in the connection's own dialect.
+
+Fields the server does not act on (tools, tracing, temperature, ...) are
+accepted and echoed where the upstream session object has them; unknown
+fields are ignored so that clients written for newer upstream versions keep
+working.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import numpy as np
+
+from streamvox.audio.formats import to_pcm16
+from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
+from streamvox.contract import ModelInfo
+
+MIN_RATE, MAX_RATE = 8000, 48000
+MAX_INSTRUCTIONS_CHARS = 32768
+# How the server produces a response's content. There is no thinker LLM yet: the
+# "echo" responder speaks the latest user text (or the response's own input).
+RESPONDER = "echo"
+
+
+class RealtimeError(Exception):
+    """A client mistake, answered with a non-fatal `error` event."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
+                 error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        self.error_type = error_type
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:22]}"
+
+
+class Dialect(Enum):
+    GA = "ga"
+    BETA = "beta"
+
+
+# Server event names that differ between the dialects (PROTOCOLS.md section 2).
+_NAMES = {
+    "audio.delta": ("response.output_audio.delta", "response.audio.delta"),
+    "audio.done": ("response.output_audio.done", "response.audio.done"),
+    "transcript.delta": ("response.output_audio_transcript.delta", "response.audio_transcript.delta"),
+    "transcript.done": ("response.output_audio_transcript.done", "response.audio_transcript.done"),
+    "text.delta": ("response.output_text.delta", "response.text.delta"),
+    "text.done": ("response.output_text.done", "response.text.done"),
+}
+
+
+def event_name(dialect: Dialect, key: str) -> str:
+    ga, beta = _NAMES[key]
+    return ga if dialect is Dialect.GA else beta
+
+
+def assistant_content_type(dialect: Dialect, audio: bool) -> str:
+    if dialect is Dialect.GA:
+        return "output_audio" if audio else "output_text"
+    return "audio" if audio else "text"
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """A wire audio format: s16le PCM at `rate`, or G.711 (8 kHz, one byte a sample)."""
+
+    encoding: str = "pcm16"  # "pcm16" | "g711_ulaw" | "g711_alaw"
+    rate: int = 24000
+
+    _GA_TYPES = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+
+    @property
+    def bytes_per_second(self) -> int:
+        return self.rate * (2 if self.encoding == "pcm16" else 1)
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        """float32 samples at `rate` -> wire bytes."""
+        if self.encoding == "pcm16":
+            return to_pcm16(pcm)
+        samples = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16)
+        return pcm16_to_ulaw(samples) if self.encoding == "g711_ulaw" else pcm16_to_alaw(samples)
+
+    def render(self, dialect: Dialect) -> dict | str:
+        if dialect is Dialect.BETA:
+            return self.encoding
+        if self.encoding == "pcm16":
+            return {"type": "audio/pcm", "rate": self.rate}
+        return {"type": self._GA_TYPES[self.encoding]}
+
+    @classmethod
+    def parse(cls, value: object, param: str) -> AudioFormat:
+        """GA `{"type": "audio/pcm", "rate": 24000}` or beta `"pcm16"` / `"g711_ulaw"` / `"g711_alaw"`."""
+        if isinstance(value, str):
+            if value in ("pcm16", "g711_ulaw", "g711_alaw"):
+                return cls(value, 24000 if value == "pcm16" else 8000)
+            raise RealtimeError(f"'{param}' must be one of pcm16, g711_ulaw, g711_alaw; got '{value}'.",
+                                param=param)
+        if not isinstance(value, dict):
+            raise RealtimeError(f"'{param}' must be an object like {{\"type\": \"audio/pcm\", \"rate\": 24000}}.",
+                                param=param)
+        kind = value.get("type", "audio/pcm")
+        encodings = {v: k for k, v in cls._GA_TYPES.items()}
+        if kind not in encodings:
+            raise RealtimeError(f"'{param}.type' must be audio/pcm, audio/pcmu or audio/pcma; got {kind!r}.",
+                                param=f"{param}.type")
+        if encodings[kind] != "pcm16":
+            return cls(encodings[kind], 8000)
+        rate = value.get("rate", 24000)
+        if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+            raise RealtimeError(f"'{param}.rate' must be an integer between {MIN_RATE} and {MAX_RATE} "
+                                "(24000 is the upstream default).", param=f"{param}.rate")
+        return cls("pcm16", rate)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The session as the server uses it; rendered per dialect."""
+
+    model: str
+    voice: str
+    speed: float = 1.0
+    instructions: str = ""
+    audio_output: bool = True  # False: text-only responses ("output_modalities": ["text"])
+    text_output: bool = False  # beta's ["text", "audio"] sends audio with its transcript
+    input_format: AudioFormat = AudioFormat()
+    output_format: AudioFormat = AudioFormat()
+    turn_detection: dict | None = None
+    transcription: dict | None = None
+    noise_reduction: dict | None = None
+    tools: list = field(default_factory=list)
+    tool_choice: object = "auto"
+    temperature: float = 0.8
+    max_output_tokens: int | str = "inf"
+    tracing: object = None
+
+    def modalities(self, dialect: Dialect) -> list[str]:
+        if dialect is Dialect.GA:
+            return ["audio"] if self.audio_output else ["text"]
+        return ["text", "audio"] if self.audio_output else ["text"]
+
+    def render(self, dialect: Dialect, session_id: str, info: ModelInfo) -> dict:
+        streamvox = {"responder": RESPONDER, "asr": None, "engine_model": info.name,
+                     "engine_sample_rate": info.sample_rate}
+        if dialect is Dialect.GA:
+            return {
+                "type": "realtime",
+                "object": "realtime.session",
+                "id": session_id,
+                "model": self.model,
+                "output_modalities": self.modalities(dialect),
+                "instructions": self.instructions,
+                "audio": {
+                    "input": {"format": self.input_format.render(dialect), "transcription": self.transcription,
+                              "noise_reduction": self.noise_reduction, "turn_detection": self.turn_detection},
+                    "output": {"format": self.output_format.render(dialect), "voice": self.voice,
+                               "speed": self.speed},
+                },
+                "tools": self.tools,
+                "tool_choice": self.tool_choice,
+                "max_output_tokens": self.max_output_tokens,
+                "tracing": self.tracing,
+                "truncation": "auto",
+                "prompt": None,
+                "include": None,
+                "streamvox": streamvox,
+            }
+        return {
+            "id": session_id,
+            "object": "realtime.session",
+            "model": self.model,
+            "modalities": self.modalities(dialect),
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "speed": self.speed,
+            "input_audio_format": self.input_format.render(dialect),
+            "output_audio_format": self.output_format.render(dialect),
+            "input_audio_transcription": self.transcription,
+            "input_audio_noise_reduction": self.noise_reduction,
+            "turn_detection": self.turn_detection,
+            "tools": self.tools,
+            "tool_choice": self.tool_choice,
+            "temperature": self.temperature,
+            "max_response_output_tokens": self.max_output_tokens,
+            "tracing": self.tracing,
+            "streamvox": streamvox,
+        }
+
+
+def default_config(info: ModelInfo, model: str | None) -> SessionConfig:
+    voice = "alloy" if "alloy" in info.voices else info.default_voice
+    return SessionConfig(model=model or info.name, voice=voice)
+
+
+def parse_voice(value: object, info: ModelInfo, param: str) -> str:
+    if isinstance(value, dict):  # GA also takes {"id": "voice_..."}
+        value = value.get("id")
+    if not isinstance(value, str) or value not in info.voices:
+        raise RealtimeError(f"Unknown voice {value!r} for model '{info.name}'. GET /v1/audio/voices lists them.",
+                            param=param)
+    return value
+
+
+def parse_speed(value: object, info: ModelInfo, param: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):  # math.isfinite overflows on huge ints
+        raise RealtimeError(f"'{param}' must be a number.", param=param)
+    if not 0.25 <= value <= 4.0:
+        raise RealtimeError(f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)
+    if value != 1.0 and not info.native_speed:
+        raise RealtimeError(f"Model '{info.name}' does not support '{param}' other than 1.0.", param=param)
+    return float(value)
+
+
+def parse_modalities(value: object, param: str) -> tuple[bool, bool]:
+    """-> (audio_output, text_output)."""
+    if not isinstance(value, list) or not value or not set(value) <= {"text", "audio"} \
+            or not all(isinstance(v, str) for v in value):
+        raise RealtimeError(f"'{param}' must be a non-empty list of 'text' and/or 'audio'.", param=param)
+    return "audio" in value, "text" in value
+
+
+def _optional_dict(value: object, param: str) -> dict | None:
+    if value is not None and not isinstance(value, dict):
+        raise RealtimeError(f"'{param}' must be an object or null.", param=param)
+    return value
+
+
+def apply_session_update(config: SessionConfig, session: object, info: ModelInfo) -> SessionConfig:
+    """A new config with `session` (GA or beta shape) applied; raises `RealtimeError`, changing nothing."""
+    if not isinstance(session, dict):
+        raise RealtimeError("'session' must be an object.", param="session", code="missing_required_parameter")
+    changes: dict = {}
+    kind = session.get("type")
+    if kind is not None and kind != "realtime":
+        raise RealtimeError(f"Session type {kind!r} is not supported here; use 'realtime'.", param="session.type")
+    if (model := session.get("model")) is not None:
+        if not isinstance(model, str):
+            raise RealtimeError("'session.model' must be a string.", param="session.model")
+        changes["model"] = model
+    if (instructions := session.get("instructions")) is not None:
+        if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise RealtimeError(f"'session.instructions' must be a string of at most {MAX_INSTRUCTIONS_CHARS} "
+                                "characters.", param="session.instructions")
+        changes["instructions"] = instructions
+    for key in ("output_modalities", "modalities"):
+        if (value := session.get(key)) is not None:
+            changes["audio_output"], changes["text_output"] = parse_modalities(value, f"session.{key}")
+
+    # beta: flat fields
+    if (voice := session.get("voice")) is not None:
+        changes["voice"] = parse_voice(voice, info, "session.voice")
+    if (speed := session.get("speed")) is not None:
+        changes["speed"] = parse_speed(speed, info, "session.speed")
+    if (fmt := session.get("input_audio_format")) is not None:
+        changes["input_format"] = AudioFormat.parse(fmt, "session.input_audio_format")
+    if (fmt := session.get("output_audio_format")) is not None:
+        changes["output_format"] = AudioFormat.parse(fmt, "session.output_audio_format")
+    for key, name in (("turn_detection", "turn_detection"), ("input_audio_transcription", "transcription"),
+                      ("input_audio_noise_reduction", "noise_reduction")):
+        if key in session:
+            changes[name] = _optional_dict(session[key], f"session.{key}")
+
+    # GA: nested audio config
+    audio = session.get("audio")
+    if audio is not None:
+        if not isinstance(audio, dict):
+            raise RealtimeError("'session.audio' must be an object.", param="session.audio")
+        audio_in = audio.get("input") or {}
+        audio_out = audio.get("output") or {}
+        if not isinstance(audio_in, dict) or not isinstance(audio_out, dict):
+            raise RealtimeError("'session.audio.input' and 'session.audio.output' must be objects.",
+                                param="session.audio")
+        if (fmt := audio_in.get("format")) is not None:
+            changes["input_format"] = AudioFormat.parse(fmt, "session.audio.input.format")
+        for key in ("turn_detection", "transcription", "noise_reduction"):
+            if key in audio_in:
+                changes[key] = _optional_dict(audio_in[key], f"session.audio.input.{key}")
+        if (fmt := audio_out.get("format")) is not None:
+            changes["output_format"] = AudioFormat.parse(fmt, "session.audio.output.format")
+        if (voice := audio_out.get("voice")) is not None:
+            changes["voice"] = parse_voice(voice, info, "session.audio.output.voice")
+        if (speed := audio_out.get("speed")) is not None:
+            changes["speed"] = parse_speed(speed, info, "session.audio.output.speed")
+
+    # accepted and echoed, not acted on
+    if (tools := session.get("tools")) is not None:
+        if not isinstance(tools, list):
+            raise RealtimeError("'session.tools' must be a list.", param="session.tools")
+        changes["tools"] = tools
+    if "tool_choice" in session:
+        changes["tool_choice"] = session["tool_choice"]
+    if "tracing" in session:
+        changes["tracing"] = session["tracing"]
+    if (temperature := session.get("temperature")) is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise RealtimeError("'session.temperature' must be a number.", param="session.temperature")
+        changes["temperature"] = float(temperature)
+    for key in ("max_output_tokens", "max_response_output_tokens"):
+        if (limit := session.get(key)) is not None:
+            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise RealtimeError(f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
+            changes["max_output_tokens"] = limit
+    return replace(config, **changes)
+
+
+def item_text(item: dict) -> str:
+    """The words of a message item: its text parts and audio transcripts."""
+    if item.get("type") != "message":
+        return ""
+    parts = []
+    for part in item.get("content") or []:
+        for key in ("text", "transcript"):
+            value = part.get(key)
+            if isinstance(value, str) and value.strip():
+                parts.append(value.strip())
+                break
+    return " ".join(parts)

@@ -1,0 +1,242 @@
+"""`POST /v1/audio/speech` (file, chunked audio, SSE) and `POST /v1/audio/speech/batch`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import msgspec
+import numpy as np
+import pybase64
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from streamvox.audio.formats import (
+    CONTENT_TYPES,
+    encode_audio,
+    encoded_sample_rate,
+    streaming_wav_header,
+    to_pcm16,
+)
+from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.server.errors import APIError
+from streamvox.server.metrics import Metrics
+from streamvox.server.speech_params import SpeechParams, parse_speech
+
+MAX_BATCH_ITEMS = 64
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class SpeechStats:
+    """Timing of one request, reported to the metrics when it ends."""
+
+    def __init__(self, metrics: Metrics, route: str) -> None:
+        self.metrics = metrics
+        self.route = route
+        self.start = time.perf_counter()
+        self.first_audio: float | None = None
+        self.samples = 0
+
+    def audio(self, samples: int) -> None:
+        if self.first_audio is None and samples:
+            self.first_audio = time.perf_counter()
+            self.metrics.ttfp.observe(self.first_audio - self.start)
+        self.samples += samples
+
+    def end(self, status: str, sample_rate: int) -> None:
+        self.metrics.requests.labels(self.route, status).inc()
+        if status == "ok" and self.samples:
+            seconds = self.samples / sample_rate
+            self.metrics.audio_seconds.inc(seconds)
+            self.metrics.rtf.observe((time.perf_counter() - self.start) / seconds)
+
+
+def error_from_engine(error: EngineError) -> APIError:
+    if error.is_request_error:
+        return APIError(400, error.message, error.param, error.code)
+    return APIError(503, error.message, None, error.code)
+
+
+async def read_json(request: Request) -> object:
+    too_large = APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large  # refused before reading it
+    parts, size = [], 0
+    try:
+        async for chunk in request.stream():  # stop reading at the cap: a huge chunked body never sits in memory
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            parts.append(chunk)
+    except ClientDisconnect:  # nobody will read the answer; 499 (nginx's "client closed request") in the metrics
+        raise APIError(499, "The client closed the connection before the request was read.",
+                       code="client_closed_request") from None
+    body = b"".join(parts)
+    try:
+        return msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
+        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+async def parse_body(engine: AsyncEngine, body: object) -> SpeechParams:
+    if engine.info is None:
+        raise APIError(503, "The speech engine is starting.", code="engine_unavailable")
+    request_id = new_request_id("speech")
+    if isinstance(body, dict) and body.get("ref_audio") is not None:  # decoding audio is compute
+        return await asyncio.to_thread(parse_speech, body, engine.info, request_id)
+    return parse_speech(body, engine.info, request_id)
+
+
+def _engine_request(params: SpeechParams):
+    """The request with its output rate: the engine core resamples (off the event loop)."""
+    return msgspec.structs.replace(params.request, sample_rate=params.sample_rate)
+
+
+async def synthesize(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> tuple[np.ndarray, Done]:
+    """Run a request to the end; the whole clip at the output rate."""
+    parts = []
+    async with aclosing(engine.submit(_engine_request(params))) as events:
+        async for event in events:
+            match event:
+                case AudioChunk(pcm=pcm):
+                    parts.append(pcm)
+                    stats.audio(len(pcm))
+                case Done() as done:
+                    return np.concatenate(parts) if parts else np.zeros(0, np.float32), done
+                case EngineError() as error:
+                    raise error_from_engine(error)
+    raise APIError(503, "The request ended without a result.", code="engine_unavailable")
+
+
+# Loop time to admit one request (HTTP parsing, validation, submission), for `LoopTurns`: a few hundred
+# clients connecting at once are admitted over several loop iterations, not in one long one.
+_ADMISSION_COST_MS = 0.5
+
+
+async def speech(request: Request) -> Response:
+    app = request.app.state.streamvox
+    await app.engine.turns.wait(_ADMISSION_COST_MS)
+    stats = SpeechStats(app.metrics, "speech")
+    try:
+        params = await parse_body(app.engine, await read_json(request))
+        if params.mode == "file":
+            pcm, _ = await synthesize(app.engine, params, stats)
+            rate = encoded_sample_rate(params.sample_rate, params.response_format)
+            data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
+            stats.end("ok", params.sample_rate)
+            return Response(data, media_type=CONTENT_TYPES[params.response_format],
+                            headers={"x-sample-rate": str(rate)})
+        return await stream_speech(app.engine, params, stats)
+    except APIError as error:
+        stats.end(str(error.status), 1)
+        return error.response()
+
+
+async def stream_speech(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> Response:
+    """Start the request, wait for its first event (so request errors are still a 400), then stream."""
+    events = engine.submit(_engine_request(params))
+    first = await anext(events)
+    if isinstance(first, EngineError):
+        await events.aclose()
+        raise error_from_engine(first)
+    body = _sse_body if params.mode == "sse" else _audio_body
+    media_type = "text/event-stream" if params.mode == "sse" else CONTENT_TYPES[params.response_format]
+    headers = {"x-sample-rate": str(params.sample_rate), "cache-control": "no-cache"}
+    return StreamingResponse(body(first, events, params, stats), media_type=media_type, headers=headers)
+
+
+async def _pcm_deltas(first, events: AsyncIterator, stats: SpeechStats,
+                      rate: int) -> AsyncIterator[bytes | Done | EngineError]:
+    """PCM16 deltas (the engine yields them at the output rate), then the final `Done` or `EngineError`."""
+    status = "cancelled"
+    try:
+        event = first
+        while True:
+            match event:
+                case AudioChunk(pcm=pcm):
+                    stats.audio(len(pcm))
+                    if data := to_pcm16(pcm):
+                        yield data
+                case Done():
+                    status = "ok"
+                    yield event
+                    return
+                case EngineError():
+                    status = "error"
+                    yield event
+                    return
+            event = await anext(events)
+    finally:
+        await events.aclose()
+        stats.end(status, rate)
+
+
+async def _audio_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
+    if params.response_format == "wav":
+        yield streaming_wav_header(params.sample_rate)
+    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
+        async for item in deltas:
+            if isinstance(item, bytes):
+                yield item
+            # A failure after the headers were sent can only end the body early.
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def _sse_audio_delta(pcm16: bytes) -> bytes:
+    """`_sse({"type": "speech.audio.delta", "audio": base64})`, byte for byte, without a JSON pass over the audio."""
+    return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(pcm16) + b'"}\n\n'
+
+
+async def _sse_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
+    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
+        async for item in deltas:
+            match item:
+                case bytes():
+                    yield _sse_audio_delta(item)
+                case Done(input_tokens=n_in, output_tokens=n_out):
+                    usage = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+                    yield _sse({"type": "speech.audio.done", "usage": usage})
+                case EngineError(message=message, code=code, param=param):
+                    error = {"message": message, "type": "server_error", "param": param, "code": code}
+                    yield _sse({"type": "error", "error": error})
+
+
+async def speech_batch(request: Request) -> Response:
+    """Run every item concurrently; each gets its own result or error."""
+    app = request.app.state.streamvox
+    try:
+        body = await read_json(request)
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list) or not items:
+            raise APIError(400, "'items' must be a non-empty list of speech requests.", "items")
+        if len(items) > MAX_BATCH_ITEMS:
+            raise APIError(400, f"'items' holds more than {MAX_BATCH_ITEMS} requests.", "items")
+    except APIError as error:
+        return error.response()
+
+    async def run_item(index: int, item: object) -> dict:
+        stats = SpeechStats(app.metrics, "speech_batch")
+        try:
+            params = await parse_body(app.engine, item)
+            if params.mode != "file":
+                raise APIError(400, "Batch items cannot stream.", "stream_format")
+            pcm, done = await synthesize(app.engine, params, stats)
+            data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
+            stats.end("ok", params.sample_rate)
+            return {"index": index, "status": "succeeded", "response_format": params.response_format,
+                    "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format),
+                    "audio": pybase64.b64encode_as_string(data),
+                    "usage": {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
+                              "total_tokens": done.input_tokens + done.output_tokens}}
+        except APIError as error:
+            stats.end(str(error.status), 1)
+            return {"index": index, "status": "failed", **error.body()}
+
+    results = await asyncio.gather(*(run_item(i, item) for i, item in enumerate(items)))
+    return JSONResponse({"object": "list", "data": list(results)})

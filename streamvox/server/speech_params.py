@@ -1,0 +1,200 @@
+"""Validation of `/v1/audio/speech` bodies into engine requests, with OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile
+
+from streamvox.audio.formats import FORMATS, STREAMABLE_FORMATS
+from streamvox.contract import ModelInfo, SamplingParams, SpeechRequest
+from streamvox.server.errors import APIError
+from streamvox.server.media_fetch import MediaPolicy, load_ref_audio_url
+
+MAX_INPUT_CHARS = 4096
+MAX_INSTRUCTIONS_CHARS = 4096
+MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
+MAX_REF_AUDIO_SECONDS = 60.0
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
+DEFAULT_SAMPLE_RATE = 24000  # what OpenAI's pcm carries, and what its clients assume
+# OpenAI's model names: clients written for OpenAI TTS reach the served model unmodified.
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+# Where `ref_audio` may come from; the server sets it from its flags at start-up (`configure_media_policy`).
+_media_policy = MediaPolicy()
+
+
+def configure_media_policy(policy: MediaPolicy) -> None:
+    global _media_policy
+    _media_policy = policy
+
+
+_KNOWN_FIELDS = {
+    "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "stream",
+    "sample_rate", "language", "task_type", "ref_audio", "ref_text", "max_new_tokens", "seed",
+    "initial_codec_chunk_frames", "temperature", "top_k", "top_p", "repetition_penalty",
+}
+
+
+@dataclass(frozen=True)
+class SpeechParams:
+    request: SpeechRequest
+    response_format: str
+    mode: str  # "file" | "audio" | "sse"
+    sample_rate: int
+
+
+def _field(body: dict, name: str, kind: type | tuple, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if kind in (int, float) or kind == (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise APIError(400, f"'{name}' must be a number.", name)
+        if isinstance(value, int) and abs(value) > 2**63:  # JSON integers are unbounded; floats are not
+            raise APIError(400, f"'{name}' is out of range.", name)
+        if kind is int and value != int(value):
+            raise APIError(400, f"'{name}' must be an integer.", name)
+        return kind(value) if kind in (int, float) else value
+    if not isinstance(value, kind):
+        raise APIError(400, f"'{name}' must be of type {getattr(kind, '__name__', kind)}.", name)
+    return value
+
+
+def _in_range(name: str, value, low, high):
+    if value is not None and not low <= value <= high:
+        raise APIError(400, f"'{name}' must be between {low} and {high}; got {value}.", name)
+    return value
+
+
+def check_model(body: dict, info: ModelInfo) -> None:
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, "'model' must be a string.", "model")
+    if model not in (info.name, *MODEL_ALIASES):
+        raise APIError(404, f"The model '{model}' does not exist. This server serves '{info.name}'.",
+                       "model", "model_not_found")
+
+
+def decode_ref_audio(value: str, policy: MediaPolicy | None = None) -> tuple[np.ndarray, int]:
+    """A base64 (or `data:` URI) audio file, or a URL the media policy allows -> mono float32 PCM and its rate.
+
+    Fetching a URL blocks: callers run this in a worker thread (as they do for any `ref_audio`).
+    """
+    policy = policy or _media_policy
+    if value.startswith("data:"):
+        _, _, value = value.partition(",")
+        raw = _b64(value)
+    elif value[:8].lower().startswith(("http://", "https://", "file:")):
+        raw = load_ref_audio_url(value, policy)
+    else:
+        raw = _b64(value)
+    return decode_audio_file(raw, "ref_audio")
+
+
+def decode_audio_file(raw: bytes, param: str) -> tuple[np.ndarray, int]:
+    """An audio file's bytes -> mono float32 PCM and its rate, under the reference-audio caps (a 400
+    naming `param` otherwise). Blocking (decoding is compute): call it from a worker thread."""
+    if len(raw) > MAX_REF_AUDIO_BYTES:
+        raise APIError(400, f"'{param}' is larger than {MAX_REF_AUDIO_BYTES} bytes.", param)
+    try:
+        pcm, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise APIError(400, f"'{param}' could not be decoded as audio (wav, flac or ogg).", param) from exc
+    if len(pcm) == 0:
+        raise APIError(400, f"'{param}' holds no audio.", param)
+    if len(pcm) / rate > MAX_REF_AUDIO_SECONDS:
+        raise APIError(400, f"'{param}' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", param)
+    pcm = pcm.mean(axis=1).astype(np.float32)
+    if not np.isfinite(pcm).all():
+        raise APIError(400, f"'{param}' holds samples that are not finite numbers.", param)
+    return pcm, int(rate)
+
+
+def _b64(value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise APIError(400, "'ref_audio' is not valid base64.", "ref_audio") from exc
+
+
+def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams:
+    """Validate a speech body; raise `APIError` (400/404) naming the offending field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    unknown = sorted(set(body) - _KNOWN_FIELDS)
+    if unknown:
+        raise APIError(400, f"Unrecognized request argument: '{unknown[0]}'.", unknown[0], "unknown_parameter")
+    check_model(body, info)
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "'input' is required and must be a non-empty string.", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise APIError(400, f"'input' is longer than {MAX_INPUT_CHARS} characters.", "input")
+    voice = body.get("voice")
+    if isinstance(voice, dict):  # OpenAI also accepts {"id": "..."}
+        voice = voice.get("id")
+    if voice is not None and (not isinstance(voice, str) or voice not in info.voices):
+        raise APIError(400, f"Unknown voice '{voice}'. GET /v1/audio/voices lists the voices of "
+                            f"'{info.name}'.", "voice")
+    language = _field(body, "language", str)
+    if language is not None and info.languages and language not in info.languages and language != "auto":
+        raise APIError(400, f"Unsupported language '{language}' for model '{info.name}'.", "language")
+    instructions = _field(body, "instructions", str)
+    if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise APIError(400, f"'instructions' is longer than {MAX_INSTRUCTIONS_CHARS} characters.",
+                       "instructions")
+    response_format = _field(body, "response_format", str, "wav")
+    if response_format not in FORMATS:
+        raise APIError(400, f"'response_format' must be one of {', '.join(FORMATS)}.", "response_format")
+    speed = _in_range("speed", _field(body, "speed", float, 1.0), 0.25, 4.0)
+    if speed != 1.0 and not info.native_speed:
+        raise APIError(400, f"Model '{info.name}' does not support 'speed' other than 1.0.", "speed")
+    stream_format = _field(body, "stream_format", str)
+    if stream_format not in (None, "sse", "audio"):
+        raise APIError(400, "'stream_format' must be 'sse' or 'audio'.", "stream_format")
+    stream = _field(body, "stream", bool, False)
+    mode = stream_format or ("sse" if stream else "file")
+    if mode in ("sse", "audio") and response_format not in STREAMABLE_FORMATS:
+        raise APIError(400, f"Streaming ({mode}) carries pcm or wav, not '{response_format}'.", "response_format")
+    sample_rate = _in_range("sample_rate", _field(body, "sample_rate", int, DEFAULT_SAMPLE_RATE),
+                            MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
+    task_type = _field(body, "task_type", str)
+    if task_type is not None and info.task_types and task_type not in info.task_types:
+        raise APIError(400, f"Model '{info.name}' does not support task_type '{task_type}'; it supports "
+                            f"{', '.join(info.task_types)}.", "task_type")
+    ref_pcm, ref_rate = None, None
+    if (ref_audio := _field(body, "ref_audio", str)) is not None:
+        ref_pcm, ref_rate = decode_ref_audio(ref_audio)
+    sampling = SamplingParams(
+        temperature=_in_range("temperature", _field(body, "temperature", float), 0.0, 2.0),
+        top_k=_in_range("top_k", _field(body, "top_k", int), 0, 100000),
+        top_p=_in_range("top_p", _field(body, "top_p", float), 0.0, 1.0),
+        repetition_penalty=_in_range("repetition_penalty", _field(body, "repetition_penalty", float), 0.1, 10.0),
+        seed=_in_range("seed", _field(body, "seed", int), 0, 2**63 - 1),
+        max_new_tokens=_in_range("max_new_tokens", _field(body, "max_new_tokens", int), 1, 65536),
+    )
+    request = SpeechRequest(
+        request_id=request_id,
+        text=text,
+        voice=voice,
+        language=language,
+        instructions=instructions,
+        task_type=task_type,
+        speed=speed,
+        ref_audio=ref_pcm.tobytes() if ref_pcm is not None else None,
+        ref_sample_rate=ref_rate,
+        ref_text=_field(body, "ref_text", str),
+        sampling=sampling,
+        initial_codec_chunk_frames=_in_range(
+            "initial_codec_chunk_frames", _field(body, "initial_codec_chunk_frames", int), 1, 100),
+    )
+    return SpeechParams(request, response_format, mode, sample_rate)

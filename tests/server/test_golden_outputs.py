@@ -1,0 +1,132 @@
+"""Golden outputs: the exact bytes a few requests produce, pinned so a refactor cannot change them unseen.
+
+Covers espeak (wav and pcm files, two voices, SSE deltas), the tiny Qwen3-TTS CustomVoice and Base
+checkpoints (greedy, fixed seed) and one OpenAI Realtime response (its event sequence and audio).
+`tests/golden/outputs.json` holds a SHA-256 per case; regenerate it only for an intended change of
+output, with `STREAMVOX_WRITE_GOLDEN=1 pytest tests/server/test_golden_outputs.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from benchmarks.build_tiny_qwen3 import build
+from tests.helpers.audio import parse_sse, sse_pcm
+from tests.helpers.realtime_clients import RealtimeClient, audio_of
+from tests.helpers.server import start_server
+
+GOLDEN = Path(__file__).parent / "golden" / "outputs.json"
+WRITE = os.environ.get("STREAMVOX_WRITE_GOLDEN") == "1"
+TEXT = "Hello world, this is streaming speech!"
+QWEN = {"input": TEXT, "language": "english", "temperature": 0, "max_new_tokens": 12,
+        "initial_codec_chunk_frames": 2, "seed": 7}
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    expected = {} if WRITE else json.loads(GOLDEN.read_text())
+    seen: dict[str, str] = {}
+
+    def check(name: str, data: bytes) -> None:
+        assert data, f"{name}: no output"
+        seen[name] = _digest(data)
+        if not WRITE:
+            assert seen[name] == expected[name], f"{name}: output changed ({len(data)} bytes)"
+
+    yield check
+    if WRITE:
+        GOLDEN.parent.mkdir(exist_ok=True)
+        old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        GOLDEN.write_text(json.dumps({**old, **seen}, indent=1, sort_keys=True) + "\n")
+
+
+def _post(server, body: dict) -> httpx.Response:
+    response = httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_espeak(espeak_server, golden):
+    for voice in ("alloy", "echo"):
+        for fmt in ("wav", "pcm"):
+            golden(f"espeak-{voice}-{fmt}",
+                   _post(espeak_server, {"input": TEXT, "voice": voice, "response_format": fmt}).content)
+        events = parse_sse(_post(espeak_server, {"input": TEXT, "voice": voice, "response_format": "pcm",
+                                                 "stream_format": "sse"}).content)
+        assert events[-1]["type"] == "speech.audio.done"
+        golden(f"espeak-{voice}-sse", sse_pcm(events))
+        golden(f"espeak-{voice}-sse-usage", json.dumps(events[-1]["usage"], sort_keys=True).encode())
+
+
+def _events_shape(events: list[dict]) -> bytes:
+    """The realtime event sequence without ids, timestamps or audio payloads."""
+    shape = []
+    for event in events:
+        kept = {k: v for k, v in event.items() if k in ("type", "output_index", "content_index")}
+        if event["type"] == "response.done":
+            kept["status"] = event["response"]["status"]
+            kept["usage"] = event["response"].get("usage")
+        if "transcript" in event:
+            kept["transcript"] = event["transcript"]
+        shape.append(kept)
+    return json.dumps(shape, sort_keys=True).encode()
+
+
+def test_realtime_response(espeak_server, golden):
+    async def run() -> list[dict]:
+        client = await RealtimeClient.connect(espeak_server)
+        try:
+            return await client.say(TEXT, instructions=TEXT)
+        finally:
+            await client.close()
+
+    events = asyncio.run(run())
+    golden("realtime-events", _events_shape(events))
+    golden("realtime-audio", audio_of(events))
+
+
+@pytest.mark.timeout(1200)
+def test_qwen3_custom_voice(tmp_path_factory, golden):
+    model = build(tmp_path_factory.mktemp("golden-cv") / "tiny-cv", "custom_voice", seed=21)
+    server = start_server("--model", str(model))
+    try:
+        for voice in ("alice", "bob"):
+            golden(f"qwen3-cv-{voice}-pcm", _post(server, {**QWEN, "voice": voice, "response_format": "pcm"}).content)
+        events = parse_sse(_post(server, {**QWEN, "voice": "alice", "response_format": "pcm",
+                                          "stream_format": "sse"}).content)
+        golden("qwen3-cv-alice-sse", sse_pcm(events))
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(1200)
+def test_qwen3_base(tmp_path_factory, golden):
+    model = build(tmp_path_factory.mktemp("golden-base") / "tiny-base", "base", seed=22)
+    rate = 16000
+    t = np.arange(int(1.5 * rate)) / rate
+    sample = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, sample, rate, format="WAV", subtype="PCM_16")
+    ref = base64.b64encode(buffer.getvalue()).decode()
+    server = start_server("--model", str(model))
+    try:
+        golden("qwen3-base-icl-pcm", _post(server, {**QWEN, "ref_audio": ref, "ref_text": "Hi there, friend.",
+                                                    "response_format": "pcm"}).content)
+        golden("qwen3-base-xvector-wav", _post(server, {**QWEN, "ref_audio": ref, "response_format": "wav"}).content)
+    finally:
+        server.stop()

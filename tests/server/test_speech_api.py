@@ -1,0 +1,194 @@
+"""`/v1/audio/speech` through the official `openai` SDK and plain HTTP, on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.audio import decode_file, estimate_duration, parse_sse, sse_pcm
+
+TEXT = "The quick brown fox jumps over the lazy dog, then rests under a tall oak tree."
+
+
+@pytest.fixture(scope="module")
+def client(espeak_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{espeak_server.url}/v1", api_key="unused")
+
+
+@pytest.mark.parametrize(
+    "fmt,rate", [("wav", 24000), ("pcm", 24000), ("flac", 24000), ("mp3", 24000), ("opus", 48000), ("aac", 24000)]
+)
+def test_sdk_every_format_decodes_to_expected_rate_and_duration(client, fmt, rate):
+    response = client.audio.speech.create(model="espeak", voice="alloy", input=TEXT, response_format=fmt)
+    samples, decoded_rate = decode_file(response.content, fmt)
+    assert decoded_rate == rate
+    duration = len(samples) / decoded_rate
+    assert abs(duration - estimate_duration(TEXT)) <= 0.3 * estimate_duration(TEXT), duration
+    assert float(abs(samples).max()) > 0.05  # not silence
+
+
+def test_sdk_openai_model_alias_and_sample_rate(client):
+    response = client.audio.speech.create(model="tts-1", voice="nova", input="Hello there.",
+                                          response_format="wav", extra_body={"sample_rate": 16000})
+    samples, rate = decode_file(response.content, "wav")
+    assert rate == 16000 and len(samples) > 8000
+
+
+def test_sdk_streaming_sse(client):
+    with client.audio.speech.with_streaming_response.create(
+        model="espeak", voice="echo", input=TEXT, response_format="pcm", stream_format="sse"
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(response.read())
+    kinds = [e["type"] for e in events]
+    assert kinds.count("speech.audio.delta") > 1
+    assert kinds[-1] == "speech.audio.done" and kinds.count("speech.audio.done") == 1
+    usage = events[-1]["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+    whole = client.audio.speech.create(model="espeak", voice="echo", input=TEXT, response_format="pcm")
+    assert sse_pcm(events) == whole.content  # deltas concatenate to the non-streaming clip
+
+
+def test_sdk_streaming_audio_pcm_and_wav(client):
+    with client.audio.speech.with_streaming_response.create(
+        model="espeak", voice="fable", input=TEXT, response_format="pcm", stream_format="audio"
+    ) as response:
+        chunks = list(response.iter_bytes())
+    pcm = b"".join(chunks)
+    assert len(chunks) > 1
+    whole = client.audio.speech.create(model="espeak", voice="fable", input=TEXT, response_format="pcm")
+    assert pcm == whole.content
+
+    with client.audio.speech.with_streaming_response.create(
+        model="espeak", voice="fable", input=TEXT, response_format="wav", stream_format="audio"
+    ) as response:
+        body = response.read()
+    assert body[:4] == b"RIFF" and struct.unpack("<I", body[4:8])[0] == 0xFFFFFFFF
+    assert body[36:40] == b"data" and struct.unpack("<I", body[40:44])[0] == 0xFFFFFFFF
+    assert body[44:] == whole.content
+
+
+def test_stream_true_means_sse(espeak_server):
+    response = httpx.post(f"{espeak_server.url}/v1/audio/speech",
+                          json={"input": "Hi there.", "stream": True, "response_format": "pcm"})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert parse_sse(response.content)[-1]["type"] == "speech.audio.done"
+
+
+def test_speed_changes_duration(client):
+    slow = client.audio.speech.create(model="espeak", voice="alloy", input=TEXT, response_format="wav", speed=0.6)
+    fast = client.audio.speech.create(model="espeak", voice="alloy", input=TEXT, response_format="wav", speed=2.0)
+    slow_s = len(decode_file(slow.content, "wav")[0]) / 24000
+    fast_s = len(decode_file(fast.content, "wav")[0]) / 24000
+    assert slow_s > 2 * fast_s
+
+
+async def _pcm(client: httpx.AsyncClient, text: str, voice: str) -> bytes:
+    body = {"model": "espeak", "input": text, "voice": voice, "response_format": "pcm", "stream_format": "audio"}
+    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        return b"".join([chunk async for chunk in response.aiter_bytes()])
+
+
+def test_16_concurrent_requests_equal_their_solo_runs(espeak_server):
+    voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+              "en-us", "de", "fr-be", "es", "it"]
+    texts = [f"Request number {i} says: {' '.join(['word'] * (i + 1))}, and then it stops." for i in range(16)]
+
+    async def run() -> tuple[list[bytes], list[bytes]]:
+        async with httpx.AsyncClient(base_url=espeak_server.url, timeout=60) as client:
+            solo = [await _pcm(client, t, v) for t, v in zip(texts, voices, strict=True)]
+            together = await asyncio.gather(*(_pcm(client, t, v) for t, v in zip(texts, voices, strict=True)))
+        return solo, list(together)
+
+    solo, together = asyncio.run(run())
+    assert len(set(solo)) == 16  # every request really is different
+    for i in range(16):
+        assert together[i] == solo[i], f"request {i} differs from its solo run"
+
+
+def test_disconnect_mid_stream_frees_request_state(espeak_server):
+    text = "This is a long passage that keeps the engine busy for a while. " * 60
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=espeak_server.url, timeout=30) as client:
+            for _ in range(5):
+                body = {"input": text, "response_format": "pcm", "stream_format": "sse"}
+                async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                    async for _chunk in response.aiter_bytes():
+                        break  # hang up after the first bytes
+
+    asyncio.run(run())
+    deadline = asyncio.run(_wait_for_idle(espeak_server))
+    assert deadline, "active requests did not return to 0"
+
+
+async def _wait_for_idle(server, timeout: float = 5.0) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if server.metric("streamvox_active_requests") == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+BAD_REQUESTS = [
+    # (body, status, param, words expected in the message)
+    ({"model": "espeak", "voice": "alloy"}, 400, "input", "input"),
+    ({"model": "espeak", "input": "   "}, 400, "input", "non-empty"),
+    ({"model": "espeak", "input": "x" * 5000}, 400, "input", "longer"),
+    ({"model": "nope", "input": "hi"}, 404, "model", "does not exist"),
+    ({"input": "hi", "voice": "nobody"}, 400, "voice", "Unknown voice"),
+    ({"input": "hi", "speed": 9}, 400, "speed", "between"),
+    ({"input": "hi", "speed": 0.1}, 400, "speed", "between"),
+    ({"input": "hi", "speed": "fast"}, 400, "speed", "number"),
+    ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "must be one of"),
+    ({"input": "hi", "response_format": "mp3", "stream_format": "sse"}, 400, "response_format", "pcm or wav"),
+    ({"input": "hi", "response_format": "aac", "stream_format": "audio"}, 400, "response_format", "pcm or wav"),
+    ({"input": "hi", "stream_format": "chunks"}, 400, "stream_format", "sse"),
+    ({"input": "hi", "sample_rate": 100}, 400, "sample_rate", "between"),
+    ({"input": "hi", "language": "klingon"}, 400, "language", "Unsupported language"),
+    ({"input": "hi", "bogus_field": 1}, 400, "bogus_field", "Unrecognized"),
+    ({"input": "hi", "ref_audio": "!!notbase64!!"}, 400, "ref_audio", "base64"),
+    ({"input": "hi", "ref_audio": "aGVsbG8gd29ybGQ="}, 400, "ref_audio", "decoded"),
+    ([1, 2, 3], 400, None, "JSON object"),
+    ("not json", 400, None, "not valid JSON"),
+]
+
+
+def test_bad_requests_get_documented_errors_while_a_good_stream_completes(espeak_server):
+    good_body = {"input": TEXT * 3, "response_format": "pcm", "stream_format": "audio", "voice": "onyx"}
+
+    async def run():
+        async with httpx.AsyncClient(base_url=espeak_server.url, timeout=60) as client:
+            reference = await _pcm(client, good_body["input"], "onyx")
+
+            async def good() -> bytes:
+                async with client.stream("POST", "/v1/audio/speech", json=good_body) as response:
+                    parts = []
+                    async for chunk in response.aiter_bytes():
+                        parts.append(chunk)
+                        await asyncio.sleep(0.002)  # a slowish reader, so the bad requests overlap it
+                    return b"".join(parts)
+
+            async def bad(body):
+                if isinstance(body, str):
+                    return await client.post("/v1/audio/speech", content=body)
+                return await client.post("/v1/audio/speech", json=body)
+
+            results = await asyncio.gather(good(), *(bad(b) for b, *_ in BAD_REQUESTS))
+            return reference, results[0], results[1:]
+
+    reference, streamed, responses = asyncio.run(run())
+    assert streamed == reference
+    for (body, status, param, words), response in zip(BAD_REQUESTS, responses, strict=True):
+        assert response.status_code == status, (body, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["param"] == param, (body, error)
+        assert words in error["message"], (body, error)
