@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamvox.audio.formats import FORMATS, Resampler, encode_audio
+from streamvox.audio.formats import FORMATS, encode_audio
+from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, AudioChunk, EngineError, new_request_id
 from streamvox.models.registry import DEFAULT_MODEL

@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 import zmq
 
-from streamvox.audio.formats import Resampler
+from streamvox.audio.resample import Resampler
 from streamvox.contract import RequestError, Runner, SpeechRequest
 from streamvox.engine import messages as m
 

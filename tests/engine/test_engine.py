@@ -94,7 +94,7 @@ def test_cancel_stops_a_request_and_frees_it(engine_run):
 def test_engine_resamples_to_the_requested_rate_as_the_front_end_would(engine_run):
     """`SpeechRequest.sample_rate`: the core resamples (off the event loop); same samples as resampling the
     model-rate audio in one stream, and an invalid rate is a request error."""
-    from streamvox.audio.formats import Resampler
+    from streamvox.audio.resample import Resampler
 
     async def body(engine: AsyncEngine):
         native, done, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text=TEXT)))

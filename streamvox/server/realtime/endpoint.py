@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import pybase64
 from starlette.websockets import WebSocket
 
-from streamvox.audio.formats import Resampler
+from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import SLOW_CONSUMER, AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.server.metrics import Metrics

@@ -43,7 +43,8 @@ import msgspec
 import numpy as np
 from starlette.websockets import WebSocket
 
-from streamvox.audio.formats import Resampler, to_pcm16
+from streamvox.audio.formats import to_pcm16
+from streamvox.audio.resample import Resampler
 from streamvox.contract import ModelInfo
 from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
 from streamvox.server.errors import APIError
