@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, Done, EngineError
 
 TEXT = "Streaming text arrives word by word, like tokens from a language model. Then it ends."
 

@@ -46,7 +46,8 @@ from starlette.websockets import WebSocket
 from streamvox.audio.formats import to_pcm16
 from streamvox.audio.resample import Resampler
 from streamvox.contract import ModelInfo
-from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, Done, EngineError
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.routes.speech import SpeechStats
