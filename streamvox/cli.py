@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from streamvox.audio.formats import FORMATS, Resampler, encode_audio
+from streamvox.audio.formats import FORMATS, encode_audio
+from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import AsyncEngine, AudioChunk, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, EngineError
 from streamvox.models.registry import DEFAULT_MODEL
 
 

@@ -44,8 +44,11 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     ref_text: str | None = None
     sampling: SamplingParams = SamplingParams()
     initial_codec_chunk_frames: int | None = None
-    # Rate of the audio the request yields; None: the model's. The engine core resamples, so the event
-    # loop does not (the one stateful resampler per request keeps chunk boundaries seamless).
+    # Rate in Hz of the audio the request yields (1000-384000; else a `RequestError`); None: the model's
+    # (`ModelInfo.sample_rate`). The engine core resamples every request whose rate differs from the
+    # model's, with one stateful resampler per request (seamless chunk boundaries), before its audio
+    # leaves the core. It is the one place output is resampled: a front end sets the rate its client
+    # wants here and never resamples; runners always produce the model's rate.
     sample_rate: int | None = None
 
 

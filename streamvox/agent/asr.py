@@ -17,7 +17,7 @@ import numpy as np
 
 from streamvox.agent.errors import StageError
 from streamvox.agent.vllm_engine import VLLMEngine, VLLMStage
-from streamvox.audio.formats import Resampler
+from streamvox.audio.resample import Resampler
 
 WHISPER_RATE = 16000
 WINDOW_S = 30

@@ -1,1 +1,1 @@
-"""Codec decoders (codes -> waveform) and audio I/O (encoders, resampling)."""
+"""Audio for the wire: container encoding (formats), resampling (resample), G.711 (g711)."""

@@ -1,10 +1,8 @@
-"""Audio I/O for the wire: resampling, PCM conversion and file encoders.
+"""Audio containers for the wire: s16le PCM, a streaming WAV header, whole files, content types.
 
-The engine produces mono float32 PCM at the model's rate, or at the rate a
-request asks for. Everything a client receives passes through here: a
-per-request `Resampler` (stateful, so chunk boundaries are seamless; the engine
-core runs it for requests that carry their output rate), then s16le PCM, a
-streaming WAV, or a whole file.
+The engine produces mono float32 PCM at the rate each request asked for
+(`streamvox.audio.resample` runs in the engine core). Everything a client
+receives passes through here: s16le PCM, a streaming WAV, or a whole file.
 """
 
 from __future__ import annotations
@@ -31,38 +29,9 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 _AV_ENCODERS = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac": ("adts", "aac")}
 
 
-class Resampler:
-    """Streaming sample-rate conversion for one request (soxr keeps the filter state).
-
-    soxr's medium quality ("MQ": 16-bit precision) matches the s16le that clients receive, at about
-    60% of the CPU of its default ("HQ", 20-bit); it runs for every delta, in the engine core when the
-    request carries its output rate (`SpeechRequest.sample_rate`), else on the event loop.
-    """
-
-    def __init__(self, in_rate: int, out_rate: int) -> None:
-        self.in_rate = in_rate
-        self.out_rate = out_rate
-        self._stream = None if in_rate == out_rate else soxr.ResampleStream(
-            in_rate, out_rate, 1, dtype="float32", quality="MQ")
-        self.produced = 0  # output samples so far
-
-    def process(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
-        if self._stream is not None:
-            pcm = self._stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32), last=last)
-        self.produced += len(pcm)
-        return pcm
-
-    def flush(self) -> np.ndarray:
-        return self.process(np.zeros(0, dtype=np.float32), last=True)
-
-
 def to_pcm16(pcm: np.ndarray) -> bytes:
     """float32 in [-1, 1] -> s16le bytes (clipped)."""
     return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def from_pcm16(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
 
 def streaming_wav_header(sample_rate: int, channels: int = 1, bits: int = 16) -> bytes:

@@ -1,14 +1,15 @@
 """The engine front end that lives on the server's event loop.
 
-`AsyncEngine` starts the engine core in its own process and talks to it over
-ZMQ (msgspec headers, raw PCM frames). Each request gets a queue of events;
-nothing here waits for compute.
+`AsyncEngine` submits requests to the engine core (a process of its own, kept
+running by `supervisor.EngineSupervisor`) and gives each request a queue of
+events (`events.py`); nothing here waits for compute. It also keeps the
+cloned voices, and registers them with every core that starts.
 
 Consumers take turns (`LoopTurns`). The core sends the audio of many
-requests in one message, and what a consumer does per delta (resampling,
-encoding, writing) costs the loop about a millisecond per second of audio;
-waking every consumer at once would stall the loop for tens of milliseconds
-under a few hundred streams. So each delta a consumer takes is one turn.
+requests in one message, and what a consumer does per delta (encoding,
+writing) costs the loop about a millisecond per second of audio; waking
+every consumer at once would stall the loop for tens of milliseconds under
+a few hundred streams. So each delta a consumer takes is one turn.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
-import tempfile
-import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -29,48 +28,24 @@ import zmq
 
 from streamvox.contract import ModelInfo, SpeechRequest
 from streamvox.engine import messages as m
-from streamvox.engine.core import run_engine_core
+from streamvox.engine.events import (
+    SLOW_CONSUMER,
+    AudioChunk,
+    Done,
+    EngineError,
+    EngineEvent,
+    EngineUnavailable,
+    VoiceRefused,
+)
 from streamvox.engine.loop_turns import LoopTurns
+from streamvox.engine.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
-_MAX_MESSAGES_PER_WAKEUP = 256
 _MAX_DELTA_S = 0.5  # queued audio merged into one delta: under load, fewer and larger deltas
 # Loop time of one consumer turn (one delta: resample, s16le, base64/JSON, write). Measured on the 2-core
 # benchmark machine under 200 SSE streams: median 0.7 ms per turn, nearly flat in the delta's length (~1.4 s).
 _TURN_COST_MS = 0.75
-
-
-class AudioChunk(msgspec.Struct):
-    """New samples (mono float32 at the request's `sample_rate`, by default the model's)."""
-
-    pcm: np.ndarray
-
-
-class Done(msgspec.Struct):
-    reason: str  # "stop" | "length"
-    input_tokens: int
-    output_tokens: int
-
-
-class EngineError(msgspec.Struct):
-    message: str
-    code: str
-    param: str | None = None
-
-    @property
-    def is_request_error(self) -> bool:
-        """True when the request itself was at fault (a 400), not the engine."""
-        return self.code not in ("engine_unavailable", "slow_consumer")
-
-
-EngineEvent = AudioChunk | Done | EngineError
-
-SLOW_CONSUMER = EngineError("The client read audio too slowly; the request was cancelled.", "slow_consumer")
-
-
-class EngineUnavailable(RuntimeError):
-    pass
 
 
 class VoiceSample(msgspec.Struct):
@@ -81,14 +56,6 @@ class VoiceSample(msgspec.Struct):
     sample_rate: int
     ref_text: str | None = None
     meta: dict = {}  # what GET /v1/audio/voices shows (created_at, duration_s, ...)
-
-
-class VoiceRefused(Exception):
-    """The model refused a voice (e.g. its audio could not be analysed)."""
-
-    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.code, self.param = message, code, param
 
 
 class _Stream:
@@ -119,34 +86,15 @@ class AsyncEngine:
         restart_backoff_max_s: float = 30.0,
         stable_after_s: float = 30.0,
     ) -> None:
-        self.model = model
-        self.model_options = model_options or {}  # keyword arguments of `streamvox.models.load_runner`
-        self.restart_on_crash = restart_on_crash
         self.max_buffered_audio_s = max_buffered_audio_s
-        self.start_timeout_s = start_timeout_s
         self.info: ModelInfo | None = None
-        self.on_core_exit: Callable[[int | None], None] | None = None  # e.g. exit the server
         self._streams: dict[str, _Stream] = {}
         self.turns = LoopTurns()  # shared with the routes: new requests take a turn too
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._ready: asyncio.Event = asyncio.Event()
-        self._closing = False
-        self._ipc_dir = tempfile.mkdtemp(prefix="streamvox-")
-        self._context = zmq.Context()
-        self._outbox: zmq.Socket | None = None
-        self._inbox: zmq.Socket | None = None
-        self.restarts = 0
-        # Restart backoff: the first restart after a core that ran for `stable_after_s` is immediate; each
-        # further quick failure doubles the wait (initial, 2x, 4x, ... up to the max), so an engine that
-        # fails at start does not spin.
-        self.restart_backoff_initial_s = restart_backoff_initial_s
-        self.restart_backoff_max_s = restart_backoff_max_s
-        self.stable_after_s = stable_after_s
-        self.consecutive_failures = 0
-        self.next_restart_at: float | None = None  # monotonic time of the pending restart, while backing off
-        self._spawned_at = 0.0
-        self._ever_ready = False
-        self._core_exited: asyncio.Event = asyncio.Event()
+        self._supervisor = EngineSupervisor(
+            model, model_options or {}, on_message=self._dispatch, on_exit=self._on_core_exit,
+            restart_on_crash=restart_on_crash, start_timeout_s=start_timeout_s,
+            restart_backoff_initial_s=restart_backoff_initial_s, restart_backoff_max_s=restart_backoff_max_s,
+            stable_after_s=stable_after_s)
         # Cloned voices. `voice_loader` (blocking; run in a thread) returns the persisted voices: they are
         # registered with every core that starts, before it is marked ready, so a restarted engine knows them.
         self.voice_loader: Callable[[], list[VoiceSample]] | None = None
@@ -156,11 +104,11 @@ class AsyncEngine:
         self._voice_tokens = itertools.count(1)
         self._restore_task: asyncio.Task | None = None
 
-    # lifecycle
+    # lifecycle (the supervisor's, seen from here)
 
     @property
     def is_ready(self) -> bool:
-        return self._ready.is_set() and self._process is not None and self._process.is_alive()
+        return self._supervisor.is_ready
 
     @property
     def active_requests(self) -> int:
@@ -168,126 +116,53 @@ class AsyncEngine:
 
     @property
     def core_pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return self._supervisor.pid
 
-    async def start(self) -> None:
-        """Start the core process and wait until its model is loaded."""
-        await self._spawn()
-        await self.wait_ready()
+    @property
+    def restarts(self) -> int:
+        return self._supervisor.restarts
 
-    async def wait_ready(self) -> None:
-        """Wait for the core's model to load; fail at once if the core exits first."""
-        ready = asyncio.ensure_future(self._ready.wait())
-        exited = asyncio.ensure_future(self._core_exited.wait())
-        try:
-            await asyncio.wait({ready, exited}, timeout=self.start_timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            exited.cancel()
-        if self._ready.is_set():
-            return
-        if self._core_exited.is_set():
-            raise EngineUnavailable("engine core exited before its model was ready; its log above says why")
-        raise EngineUnavailable(f"engine core did not become ready in {self.start_timeout_s} s")
+    @property
+    def consecutive_failures(self) -> int:
+        """Cores that failed in a row, each soon after it started (the restart backoff grows with it)."""
+        return self._supervisor.consecutive_failures
 
     @property
     def restart_in_s(self) -> float | None:
         """Seconds until the next restart attempt while backing off, else None."""
-        if self.next_restart_at is None:
-            return None
-        return max(0.0, self.next_restart_at - time.monotonic())
+        return self._supervisor.restart_in_s
 
-    async def _spawn(self) -> None:
-        tag = uuid.uuid4().hex[:8]
-        input_address = f"ipc://{self._ipc_dir}/in-{tag}"
-        output_address = f"ipc://{self._ipc_dir}/out-{tag}"
-        self._outbox = self._context.socket(zmq.PUSH)
-        self._outbox.bind(input_address)
-        self._inbox = self._context.socket(zmq.PULL)
-        self._inbox.bind(output_address)
-        self._ready.clear()
-        self._core_exited.clear()
-        self._spawned_at = time.monotonic()
-        context = multiprocessing.get_context("spawn")
-        self._process = context.Process(
-            target=run_engine_core, args=(self.model, self.model_options, input_address, output_address), daemon=True
-        )
-        await asyncio.to_thread(self._process.start)  # spawning pickles and forks: keep it off the loop
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
-        loop.add_reader(self._inbox.getsockopt(zmq.FD), self._on_inbox_readable)
-        self._on_inbox_readable()  # messages may already be queued: the FD only signals new edges
+    @property
+    def on_core_exit(self) -> Callable[[int | None], None] | None:
+        """Called with the exit code when a core that was ready exits, instead of restarting it."""
+        return self._supervisor.on_core_exit
 
-    def _on_process_exit(self, process: multiprocessing.process.BaseProcess) -> None:
-        asyncio.get_running_loop().remove_reader(process.sentinel)
-        if process is not self._process:
-            return
-        self._ready.clear()
-        self._core_exited.set()
+    @on_core_exit.setter
+    def on_core_exit(self, callback: Callable[[int | None], None] | None) -> None:
+        self._supervisor.on_core_exit = callback
+
+    async def start(self) -> None:
+        """Start the core process and wait until its model is loaded."""
+        await self._supervisor.start()
+
+    async def wait_ready(self) -> None:
+        """Wait for the core's model to load; fail at once if the core exits first."""
+        await self._supervisor.wait_ready()
+
+    async def shutdown(self) -> None:
+        await self._supervisor.shutdown()
+        self._fail_all(EngineError("The server is shutting down.", "engine_unavailable"))
+        self._fail_voice_waiters("The server is shutting down.")
+        self._supervisor.close()
+
+    def _on_core_exit(self) -> None:
         self._fail_all(EngineError("The speech engine stopped; the request was aborted.", "engine_unavailable"))
         self._fail_voice_waiters("The speech engine stopped.")
-        self._close_sockets()
-        asyncio.create_task(self._after_exit(process))
-
-    async def _after_exit(self, process: multiprocessing.process.BaseProcess) -> None:
-        await asyncio.to_thread(process.join)
-        if self._closing:
-            return
-        log.error("engine core exited with code %s", process.exitcode)
-        if not self._ever_ready:
-            return  # the first start failed: `wait_ready` reports it; restarting would only loop
-        if self.on_core_exit is not None:
-            self.on_core_exit(process.exitcode)
-        elif self.restart_on_crash:
-            if time.monotonic() - self._spawned_at >= self.stable_after_s:
-                self.consecutive_failures = 0
-            delay = 0.0 if self.consecutive_failures == 0 else min(
-                self.restart_backoff_initial_s * 2 ** (self.consecutive_failures - 1), self.restart_backoff_max_s)
-            self.consecutive_failures += 1
-            if delay > 0:
-                log.error("engine core failed %d times in a row; restarting in %.1f s",
-                          self.consecutive_failures, delay)
-                self.next_restart_at = time.monotonic() + delay
-                try:
-                    await asyncio.sleep(delay)
-                finally:
-                    self.next_restart_at = None
-                if self._closing:
-                    return
-            self.restarts += 1
-            await self._spawn()
 
     def _fail_all(self, error: EngineError) -> None:
         for stream in self._streams.values():
             self._post(stream, error)
         self._streams.clear()
-
-    def _close_sockets(self) -> None:
-        if self._inbox is not None:
-            asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
-        for socket in (self._outbox, self._inbox):
-            if socket is not None:
-                socket.close(linger=0)
-        self._outbox = self._inbox = None
-
-    async def shutdown(self) -> None:
-        self._closing = True
-        process = self._process
-        if process is not None and process.is_alive():
-            self._send(m.Shutdown())
-            await asyncio.to_thread(process.join, 5)
-            if process.is_alive():
-                process.kill()
-                await asyncio.to_thread(process.join, 5)
-        if process is not None and process.exitcode is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(process.sentinel)
-            except (ValueError, OSError):
-                pass
-        self._fail_all(EngineError("The server is shutting down.", "engine_unavailable"))
-        self._fail_voice_waiters("The server is shutting down.")
-        self._close_sockets()
-        self._context.term()
 
     # cloned voices
 
@@ -340,7 +215,7 @@ class AsyncEngine:
             log.exception("could not load the stored voices")
             samples = []
         for sample in samples:
-            if process is not self._process:
+            if process is not self._supervisor.process:
                 return
             try:
                 await self._register_voice(sample)
@@ -348,15 +223,10 @@ class AsyncEngine:
                 log.warning("stored voice %r was refused by the model: %s", sample.name, refused.message)
             except EngineUnavailable:
                 return
-        if process is self._process and process.is_alive():
+        if process is self._supervisor.process and process.is_alive():
             if samples:
                 log.info("restored %d of %d stored voices", len(self.voices), len(samples))
-            self._mark_ready()
-
-    def _mark_ready(self) -> None:
-        self._ever_ready = True
-        self._ready.set()
-        log.info("engine core ready: model %s (pid %s)", self.info.name, self._process.pid)
+            self._supervisor.mark_ready(self.info.name)
 
     # requests
 
@@ -429,26 +299,7 @@ class AsyncEngine:
         self.turns.queue(stream.turn, _TURN_COST_MS)
 
     def _send(self, message: m.CoreInput) -> None:
-        if self._outbox is not None:
-            self._outbox.send(m.input_encoder.encode(message))
-
-    def _on_inbox_readable(self) -> None:
-        """Drain a bounded batch of core messages; reschedule while more are queued.
-
-        The ZMQ socket's file descriptor is edge-triggered, so after a batch we
-        look at ZMQ_EVENTS ourselves rather than wait for the next edge.
-        """
-        inbox = self._inbox
-        if inbox is None:
-            return
-        for _ in range(_MAX_MESSAGES_PER_WAKEUP):
-            try:
-                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._dispatch(frames)
-        if inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            asyncio.get_running_loop().call_soon(self._on_inbox_readable)
+        self._supervisor.send(message)
 
     def _dispatch(self, frames: list[zmq.Frame]) -> None:
         message = m.output_decoder.decode(frames[0].buffer)
@@ -458,17 +309,14 @@ class AsyncEngine:
                     self._audio(request_id, frame)
                 for end in ended:
                     self._end(end)
-            case m.AudioDelta(request_id=request_id):
-                self._audio(request_id, frames[1])
-            case m.Finished() | m.Failed():
-                self._end(message)
             case m.Ready(info=info):
                 self.base_info = self.info = info
                 self.voices.clear()
                 if info.voice_cloning and self.voice_loader is not None:
-                    self._restore_task = asyncio.get_running_loop().create_task(self._restore_voices(self._process))
+                    self._restore_task = asyncio.get_running_loop().create_task(
+                        self._restore_voices(self._supervisor.process))
                 else:
-                    self._mark_ready()
+                    self._supervisor.mark_ready(info.name)
             case m.VoiceResult(token=token):
                 future = self._voice_waiters.get(token)
                 if future is not None and not future.done():

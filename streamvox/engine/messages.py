@@ -1,7 +1,7 @@
 """Messages between the front end (server process) and the engine core process.
 
 Each ZMQ message is a multipart message: frame 0 is a msgspec-msgpack encoded
-struct below; an `AudioDelta` carries its PCM as a second, raw frame
+struct below; an `Outputs` carries its PCM as further raw frames
 (little-endian float32), never as JSON or base64.
 """
 
@@ -58,14 +58,9 @@ class Ready(msgspec.Struct, tag=True):
     info: ModelInfo
 
 
-class AudioDelta(msgspec.Struct, tag=True):
-    """Followed by one raw frame of float32 PCM at the model's sample rate."""
-
-    request_id: str
-
-
 class Outputs(msgspec.Struct, tag=True):
-    """One engine step's results, in one ZMQ message: a raw float32 PCM frame follows per id in `audio`.
+    """One engine step's results, in one ZMQ message: a raw float32 PCM frame follows per id in `audio`,
+    at that request's output rate.
 
     The front end applies `audio` first, then `ended`, so a request's last audio precedes its end.
     """
@@ -75,6 +70,8 @@ class Outputs(msgspec.Struct, tag=True):
 
 
 class Finished(msgspec.Struct, tag=True):
+    """A request ended normally (only ever inside `Outputs.ended`)."""
+
     request_id: str
     reason: str  # "stop" | "length" | "cancelled"
     input_tokens: int = 0
@@ -82,6 +79,8 @@ class Finished(msgspec.Struct, tag=True):
 
 
 class Failed(msgspec.Struct, tag=True):
+    """A request failed (only ever inside `Outputs.ended`)."""
+
     request_id: str
     message: str
     code: str = "invalid_request"
@@ -104,7 +103,7 @@ class CoreCrashed(msgspec.Struct, tag=True):
     message: str
 
 
-CoreOutput = Ready | AudioDelta | Outputs | Finished | Failed | VoiceResult | CoreCrashed
+CoreOutput = Ready | Outputs | VoiceResult | CoreCrashed
 
 input_encoder = msgspec.msgpack.Encoder()
 input_decoder = msgspec.msgpack.Decoder(CoreInput)

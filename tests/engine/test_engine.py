@@ -9,17 +9,10 @@ import numpy as np
 import pytest
 
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
-from streamvox.models.espeak.runner import split_clauses
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, Done, EngineError
 
 TEXT = "Streaming text arrives word by word, like tokens from a language model. Then it ends."
-
-
-def test_split_clauses_cuts_at_punctuation_and_caps_length():
-    assert split_clauses("Hello there, world. How are you? fine") == ["Hello there,", "world.", "How are you?", "fine"]
-    long = " ".join(f"w{i}" for i in range(60))
-    assert [len(c.split()) for c in split_clauses(long)] == [24, 24, 12]
-    assert split_clauses(" ... , !") == []
 
 
 async def _collect(events) -> tuple[np.ndarray, object, float | None]:
@@ -102,7 +95,7 @@ def test_cancel_stops_a_request_and_frees_it(engine_run):
 def test_engine_resamples_to_the_requested_rate_as_the_front_end_would(engine_run):
     """`SpeechRequest.sample_rate`: the core resamples (off the event loop); same samples as resampling the
     model-rate audio in one stream, and an invalid rate is a request error."""
-    from streamvox.audio.formats import Resampler
+    from streamvox.audio.resample import Resampler
 
     async def body(engine: AsyncEngine):
         native, done, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text=TEXT)))
@@ -121,73 +114,3 @@ def test_engine_resamples_to_the_requested_rate_as_the_front_end_would(engine_ru
     assert len(resampled) == len(expected)
     np.testing.assert_allclose(resampled, expected, atol=1e-6)
     assert isinstance(error, EngineError) and error.is_request_error and error.param == "sample_rate"
-
-
-def _process_state(pid: int) -> str:
-    """"T" stopped, "R" running, ...; "X" once it has exited (and been reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "X"
-
-
-def test_espeak_runs_at_most_the_background_limit_of_children_and_each_output_is_unchanged():
-    """Background synthesis children beyond the limit are stopped until their turn; every request still gets
-    exactly the audio it gets alone."""
-    import time
-
-    from streamvox.models.espeak.runner import EspeakRunner
-
-    class Sink:
-        def __init__(self) -> None:
-            self.parts: dict[str, list[np.ndarray]] = {}
-            self.done: set[str] = set()
-
-        def audio(self, request_id, pcm):
-            self.parts.setdefault(request_id, []).append(pcm)
-
-        def finished(self, request_id, reason, input_tokens, output_tokens):
-            self.done.add(request_id)
-
-        def failed(self, request_id, error):
-            raise AssertionError(error.message)
-
-    def run(runner, texts, check=None):
-        sink = Sink()
-        for i, text in enumerate(texts):
-            runner.add(SpeechRequest(request_id=f"r{i}", text=text))
-        deadline = time.monotonic() + 60
-        while runner.has_work() and time.monotonic() < deadline:
-            runner.step(sink)
-            if check is not None:
-                check(runner)
-            time.sleep(0.001)
-        assert len(sink.done) == len(texts)
-        return [np.concatenate(sink.parts[f"r{i}"]) for i in range(len(texts))]
-
-    runner = EspeakRunner(max_running_background=1)
-    texts = [f"Request number {i} says something long enough to be stopped now and then. " * 3 for i in range(5)]
-    solo = [run(runner, [text])[0] for text in texts]
-    most_running, stopped_seen = 0, 0
-
-    def check(runner):
-        nonlocal most_running, stopped_seen
-        background = runner._background.children.values()
-        running = [c for c in background if not c.stopped]
-        stopped = [c for c in background if c.stopped]
-        most_running = max(most_running, len(running))
-        stopped_seen = max(stopped_seen, len(stopped))
-        for child in stopped:  # a signal takes a moment to land
-            deadline = time.monotonic() + 1
-            while (state := _process_state(child.pid)) not in ("T", "t", "X") and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert state in ("T", "t", "X"), state  # X: it finished just before the stop
-
-    try:
-        together = run(runner, texts, check)
-    finally:
-        runner.close()
-    assert most_running <= 1 and stopped_seen >= 1
-    for alone, concurrent in zip(solo, together, strict=True):
-        assert np.array_equal(alone, concurrent)

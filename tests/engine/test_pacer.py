@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamvox.engine.core import Pacer
+from streamvox.engine.pacer import Pacer
 
 RATE = 1000  # samples per second, to keep the arithmetic readable
 

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import pybase64
 from starlette.websockets import WebSocket
 
-from streamvox.audio.formats import Resampler
+from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import SLOW_CONSUMER, AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import SLOW_CONSUMER, AudioChunk, Done, EngineError
 from streamvox.server.metrics import Metrics
 from streamvox.server.realtime import turns as agent_turns
 from streamvox.server.realtime.protocol import (

@@ -26,10 +26,10 @@ from streamvox.agent.asr import TranscriberError
 from streamvox.agent.errors import StageError
 from streamvox.agent.thinker import ThinkerError
 from streamvox.agent.vad import EnergyVad, VadSettings
-from streamvox.audio.formats import Resampler
 from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
+from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import SLOW_CONSUMER, AudioChunk, Done, EngineError
+from streamvox.engine.events import SLOW_CONSUMER, AudioChunk, Done, EngineError
 from streamvox.server.realtime.protocol import RealtimeError, event_name, item_text, new_id
 from streamvox.server.routes.speech import SpeechStats
 

@@ -20,7 +20,8 @@ from streamvox.audio.formats import (
     streaming_wav_header,
     to_pcm16,
 )
-from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, Done, EngineError
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.speech_params import SpeechParams, parse_speech

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -44,14 +43,17 @@ import msgspec
 import numpy as np
 from starlette.websockets import WebSocket
 
-from streamvox.audio.formats import Resampler, to_pcm16
+from streamvox.audio.formats import to_pcm16
+from streamvox.audio.resample import Resampler
 from streamvox.contract import ModelInfo
-from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import AudioChunk, Done, EngineError
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.routes.speech import SpeechStats
 from streamvox.server.speech_params import SpeechParams, parse_speech
 from streamvox.server.websocket import FrameError, Sender, accepted_subprotocol, decode_json_event, env_seconds
+from streamvox.text_split import TextSplitter
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,6 @@ MAX_PENDING_UTTERANCES = 8
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 TEXT_SPLIT_MODES = ("auto", "none", "sentence", "clause")
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])|\n+")
-_CLAUSE_END = re.compile(r"(?<=[.!?;:,])\s+|(?<=[\u3002\uff01\uff1f\uff0c\uff1b\uff1a\u3001])|\n+")
-
 
 class StreamError(Exception):
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
@@ -72,26 +71,6 @@ class StreamError(Exception):
         self.message = message
         self.code = code
         self.param = param
-
-
-class TextSplitter:
-    """Cuts streamed text into complete sentences (or clauses); the unfinished tail waits for more."""
-
-    def __init__(self, mode: str) -> None:
-        self.pattern = _CLAUSE_END if mode == "clause" else _SENTENCE_END
-        self.pending = ""
-
-    def add(self, text: str, final: bool = False) -> list[str]:
-        self.pending += text
-        if final:
-            complete, self.pending = self.pending, ""
-        else:
-            ends = [match.end() for match in self.pattern.finditer(self.pending) if match.end() > 0]
-            if not ends:
-                return []
-            complete, self.pending = self.pending[: ends[-1]], self.pending[ends[-1]:]
-        pieces = (piece.strip() for piece in self.pattern.split(complete))
-        return [piece for piece in pieces if any(ch.isalnum() for ch in piece)]
 
 
 @dataclass

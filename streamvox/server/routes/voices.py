@@ -34,7 +34,8 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from streamvox.engine.client import EngineUnavailable, VoiceRefused, VoiceSample
+from streamvox.engine.client import VoiceSample
+from streamvox.engine.events import EngineUnavailable, VoiceRefused
 from streamvox.server.errors import APIError
 from streamvox.server.media_fetch import VOICE_NAME, sanitize_voice_name
 from streamvox.server.speech_params import MAX_REF_AUDIO_BYTES, decode_audio_file

@@ -1,0 +1,119 @@
+"""A ctypes binding of libespeak-ng: the few calls synthesis needs, and OpenAI's voice names.
+
+The shared library and its data come from the `espeakng-loader` wheel
+(eSpeak NG is GPL-3.0); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from collections.abc import Callable
+
+import espeakng_loader
+import numpy as np
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_ENDPAUSE = 0x1000
+_RATE = 1
+_BUFFER_MS = 50
+
+DEFAULT_WPM = 175  # eSpeak's speaking rate at speed 1.0, in words per minute
+MIN_WPM, MAX_WPM = 80, 450  # the rates eSpeak accepts
+
+# OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
+OPENAI_VOICE_ALIASES = {
+    "alloy": "en-us",
+    "ash": "en-us+m3",
+    "ballad": "en+m2",
+    "coral": "en-us+f2",
+    "echo": "en-us+m1",
+    "fable": "en",
+    "nova": "en-us+f3",
+    "onyx": "en-us+m7",
+    "sage": "en-us+f4",
+    "shimmer": "en-us+f1",
+    "verse": "en+m4",
+}
+
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+
+class _Voice(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("languages", ctypes.c_char_p),
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+class EspeakLibrary:
+    """A thin ctypes binding to the few libespeak-ng calls synthesis needs."""
+
+    def __init__(self) -> None:
+        self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        self._lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+        self.sample_rate = self._lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, _BUFFER_MS, espeakng_loader.get_data_path().encode(), 0
+        )
+        if self.sample_rate <= 0:
+            raise RuntimeError("eSpeak NG failed to initialise")
+        self._on_samples = None
+        self._callback = _SynthCallback(self._dispatch)  # kept referenced while the library holds it
+        self._lib.espeak_SetSynthCallback(self._callback)
+
+    def languages(self) -> list[str]:
+        """The language names of the installed voices (eSpeak's voice ids), sorted."""
+        voices = self._lib.espeak_ListVoices(None)
+        names = set()
+        i = 0
+        while voices[i]:
+            # `languages` is a list of (priority byte, NUL-terminated name); the first is the main one.
+            raw = voices[i].contents.languages
+            if raw:
+                names.add(raw[1:].decode())
+            i += 1
+        return sorted(names)
+
+    def set_voice(self, name: str) -> bool:
+        return self._lib.espeak_SetVoiceByName(name.encode()) == 0
+
+    def voice_works(self, name: str) -> bool:
+        """True when the voice loads with its dictionary (eSpeak lists a few that do not)."""
+        with tempfile.TemporaryFile() as captured:  # eSpeak reports a missing dictionary on fd 2 only
+            saved = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            try:
+                loaded = self.set_voice(name)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            captured.seek(0)
+            return loaded and not captured.read()
+
+    def set_rate(self, words_per_minute: int) -> None:
+        self._lib.espeak_SetParameter(_RATE, words_per_minute, 0)
+
+    def synthesize(self, text: str, on_samples: Callable[[np.ndarray], bool]) -> None:
+        """Synthesise `text`, calling `on_samples(int16 array) -> bool` per buffer; False aborts."""
+        data = text.encode()
+        self._on_samples = on_samples
+        try:
+            self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE, None, None)
+        finally:
+            self._on_samples = None
+
+    def _dispatch(self, wav, num_samples: int, _events) -> int:
+        if num_samples <= 0 or self._on_samples is None:
+            return 0
+        samples = np.ctypeslib.as_array(wav, (num_samples,)).copy()
+        return 0 if self._on_samples(samples) else 1
