@@ -42,6 +42,7 @@ from starlette.websockets import WebSocket
 from streamvox.audio.formats import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import SLOW_CONSUMER, AsyncEngine, AudioChunk, Done, EngineError, new_request_id
+from streamvox.server.audio_out import SpeechStats
 from streamvox.server.metrics import Metrics
 from streamvox.server.realtime import turns as agent_turns
 from streamvox.server.realtime.protocol import (
@@ -58,7 +59,6 @@ from streamvox.server.realtime.protocol import (
     parse_modalities,
     parse_voice,
 )
-from streamvox.server.routes.speech import SpeechStats
 from streamvox.server.websocket import (
     OFFLOAD_BYTES,
     FrameError,
