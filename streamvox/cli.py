@@ -5,25 +5,22 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from contextlib import aclosing
 from pathlib import Path
 
 import numpy as np
 
 from streamvox.audio.formats import FORMATS, encode_audio
-from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
-from streamvox.engine.events import AudioChunk, EngineError
 from streamvox.models.registry import DEFAULT_MODEL
+from streamvox.server.audio_out import AudioOut
+from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from streamvox.agent.responder import AgentSettings
-    from streamvox.server.app import ServerSettings, build_app
-    from streamvox.server.media_fetch import MediaPolicy
+    from streamvox.server.app import build_app
 
     if args.allowed_local_media_path and not Path(args.allowed_local_media_path).is_dir():
         raise SystemExit(f"streamvox: --allowed-local-media-path {args.allowed_local_media_path!r} is not a directory")
@@ -37,11 +34,15 @@ def _serve(args: argparse.Namespace) -> int:
                           temperature=args.llm_temperature, seed=args.llm_seed)
     if args.llm and args.llm_url:
         raise SystemExit("streamvox: give --llm or --llm-url, not both")
+    try:
+        env = ServerEnv.from_env()
+    except ValueError as error:
+        raise SystemExit(f"streamvox: {error}") from None
     settings = ServerSettings(model=args.model, model_options=_model_options(args), api_key=args.api_key,
                               exit_on_engine_crash=args.exit_on_engine_crash, agent=agent,
                               max_buffered_audio_s=args.max_buffered_audio_s,
                               engine_restart_backoff_max_s=args.engine_restart_backoff_max_s,
-                              media=media, allowed_origins=origins, voices_dir=args.voices_dir)
+                              media=media, allowed_origins=origins, voices_dir=args.voices_dir, env=env)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
@@ -64,17 +65,12 @@ async def _speak_async(args: argparse.Namespace) -> np.ndarray:
     await engine.start()
     try:
         request = SpeechRequest(request_id=new_request_id("cli"), text=args.text, voice=args.voice,
-                                speed=args.speed)
-        resampler = Resampler(engine.info.sample_rate, args.sample_rate)
-        parts = []
-        async with aclosing(engine.submit(request)) as events:
-            async for event in events:
-                if isinstance(event, AudioChunk):
-                    parts.append(resampler.process(event.pcm))
-                elif isinstance(event, EngineError):
-                    raise SystemExit(f"streamvox: {event.message}")
-        parts.append(resampler.flush())
-        return np.concatenate(parts)
+                                speed=args.speed, sample_rate=args.sample_rate)
+        async with AudioOut(engine, request, None) as out:
+            parts = [pcm async for pcm in out.deltas()]
+        if (error := out.result.error) is not None:
+            raise SystemExit(f"streamvox: {error.message}")
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
     finally:
         await engine.shutdown()
 

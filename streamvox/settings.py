@@ -70,8 +70,8 @@ class AgentSettings:
 class ServerEnv:
     """Server-process knobs from `STREAMVOX_*` variables."""
 
-    realtime_idle_timeout_s: float = 600.0  # STREAMVOX_REALTIME_IDLE_TIMEOUT_S: close an idle /v1/realtime
-    speech_stream_idle_timeout_s: float = 600.0  # STREAMVOX_SPEECH_STREAM_IDLE_TIMEOUT_S: same, speech stream
+    realtime_idle_timeout_s: float = 1800.0  # STREAMVOX_REALTIME_IDLE_TIMEOUT_S: close an idle /v1/realtime
+    speech_stream_idle_timeout_s: float = 300.0  # STREAMVOX_SPEECH_STREAM_IDLE_TIMEOUT_S: same, speech stream
     malloc_trim: bool = True  # STREAMVOX_MALLOC_TRIM=0: don't hand freed heap back to the OS when idle
 
     @classmethod
@@ -85,7 +85,7 @@ class ServerSettings:
 
     model: str = "espeak"  # --model
     model_options: dict = field(default_factory=dict)  # --device, --dtype, --max-batch (`load_runner`)
-    api_key: str | None = None  # --api-key: required on every route but /health
+    api_key: str | None = None  # --api-key: required on every route but the /demo page
     exit_on_engine_crash: bool = False  # --exit-on-engine-crash: exit 3 for a supervisor instead of restarting
     agent: AgentSettings = field(default_factory=AgentSettings)
     max_buffered_audio_s: float = 300.0  # --max-buffered-audio-s: cancel a request whose client stops reading

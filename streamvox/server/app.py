@@ -1,4 +1,4 @@
-"""The Starlette application: routes, engine lifecycle, metrics."""
+"""The Starlette application: its routes and middleware, and the engine's lifecycle."""
 
 from __future__ import annotations
 
@@ -9,42 +9,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from streamvox.agent.responder import AgentSettings, Responder
+from streamvox.agent.responder import Responder
 from streamvox.engine.client import AsyncEngine
 from streamvox.server.demo_page import demo_routes
+from streamvox.server.errors import ERROR_HANDLERS
 from streamvox.server.housekeeping import trim_when_idle
-from streamvox.server.media_fetch import MediaPolicy, OriginMiddleware
 from streamvox.server.metrics import LoopLagMonitor, Metrics
-from streamvox.server.middleware import APIKeyMiddleware
+from streamvox.server.middleware import APIKeyMiddleware, OriginMiddleware
 from streamvox.server.realtime.endpoint import realtime_endpoint
+from streamvox.server.routes.health import health, metrics, models
 from streamvox.server.routes.speech import speech, speech_batch
 from streamvox.server.routes.speech_stream import speech_stream_endpoint
 from streamvox.server.routes.voices import VoiceStore, default_voices_dir, delete_voice, list_voices, upload_voice
-from streamvox.server.speech_params import configure_media_policy
-
-
-@dataclass
-class ServerSettings:
-    model: str = "espeak"
-    model_options: dict = field(default_factory=dict)  # device, dtype, max_batch for `load_runner`
-    api_key: str | None = None
-    exit_on_engine_crash: bool = False  # True: exit non-zero for a supervisor instead of restarting
-    agent: AgentSettings = field(default_factory=AgentSettings)  # thinker LLM / ASR (voice agent)
-    max_buffered_audio_s: float = 300.0  # audio queued for a client that stops reading, before it is dropped
-    engine_restart_backoff_max_s: float = 30.0  # longest wait between restarts of an engine that keeps failing
-    media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
-    allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
-    voices_dir: str | None = None  # cloned voices (Base checkpoints); None: the user's data directory
+from streamvox.settings import ServerSettings
 
 
 @dataclass
 class AppState:
+    """What every route finds at `request.app.state.streamvox`."""
+
     settings: ServerSettings
     engine: AsyncEngine
     metrics: Metrics = field(default_factory=Metrics)
@@ -56,54 +42,6 @@ class AppState:
     voice_pending: set[str] = field(default_factory=set)  # names being uploaded right now
 
 
-async def health(request: Request) -> Response:
-    engine = request.app.state.streamvox.engine
-    if engine.is_ready:
-        return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
-                             "engine_restarts": engine.restarts})
-    body = {"status": "unavailable", "engine_restarts": engine.restarts,
-            "engine_consecutive_failures": engine.consecutive_failures}
-    if (restart_in := engine.restart_in_s) is not None:
-        body["engine_restart_in_s"] = round(restart_in, 3)
-    return JSONResponse(body, status_code=503)
-
-
-async def models(request: Request) -> Response:
-    info = request.app.state.streamvox.engine.info
-    data = [] if info is None else [{"id": info.name, "object": "model", "owned_by": "streamvox",
-                                     "family": info.family, "sample_rate": info.sample_rate,
-                                     "voice_cloning": info.voice_cloning, "streaming_text": info.streaming_text}]
-    return JSONResponse({"object": "list", "data": data})
-
-
-async def metrics(request: Request) -> Response:
-    state = request.app.state.streamvox
-    state.metrics.active.set(state.engine.active_requests)
-    state.metrics.engine_restarts.set(state.engine.restarts)
-    if state.lag is not None:
-        state.metrics.loop_lag_p99.set(state.lag.p99())
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
-
-
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    """Unknown routes (404) and methods (405) in OpenAI's error shape, like every other error."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    message = {404: f"No route {request.url.path}.", 405: f"{request.method} is not allowed on {request.url.path}."
-               }.get(exc.status_code, str(exc.detail))
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    """A bug: still answer in OpenAI's shape (the traceback goes to the log)."""
-    body = {"error": {"message": "Internal server error.", "type": "server_error", "param": None,
-                      "code": "internal_error"}}
-    return JSONResponse(body, status_code=500)
-
-
-ERROR_HANDLERS = {HTTPException: _http_error, Exception: _server_error}
-
-
 def build_app(settings: ServerSettings) -> Starlette:
     engine = AsyncEngine(settings.model, model_options=settings.model_options,
                          restart_on_crash=not settings.exit_on_engine_crash,
@@ -112,17 +50,18 @@ def build_app(settings: ServerSettings) -> Starlette:
     state = AppState(settings, engine)
     state.voice_store = VoiceStore(settings.voices_dir or default_voices_dir())
     engine.voice_loader = state.voice_store.load_all  # run in a thread each time a core starts
-    configure_media_policy(settings.media)
     if settings.agent.enabled:
         state.responder = Responder(settings.agent)
         state.responder.register_metrics(state.metrics.registry)
+
+    def idle() -> bool:
+        return state.engine.active_requests == 0 and state.metrics.open_sessions() == 0
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state.lag = LoopLagMonitor(state.metrics)
         state.lag.start()
-        housekeeping = asyncio.create_task(trim_when_idle(
-            lambda: state.engine.active_requests == 0 and state.metrics.sessions._value.get() == 0))
+        housekeeping = asyncio.create_task(trim_when_idle(idle)) if settings.env.malloc_trim else None
         if settings.exit_on_engine_crash:
             state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
         await state.engine.start()
@@ -139,7 +78,8 @@ def build_app(settings: ServerSettings) -> Starlette:
             state.lag.stop()
             if state.responder is not None:
                 await state.responder.shutdown()
-            housekeeping.cancel()
+            if housekeeping is not None:
+                housekeeping.cancel()
             await state.engine.shutdown()
 
     routes = [

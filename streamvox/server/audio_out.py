@@ -6,7 +6,9 @@ WebSocket, Realtime responses and agent turns) runs its engine request through
 output rate: the engine core resamples), keeps the request's metrics, and
 records how the request ended in `result`. A consumer that stops early just
 leaves the loop; the request is then cancelled in the engine and counts as
-cancelled, unless the consumer called `fail` first.
+cancelled, unless the consumer called `fail` first. A consumer that reports
+to the metrics itself (several requests as one utterance, or an HTTP status)
+passes `report=False`.
 """
 
 from __future__ import annotations
@@ -68,12 +70,14 @@ class AudioOut:
 
     `open()` registers the request with the engine (text may be fed from then on); `first_error()` waits
     for the first event and returns it if the request failed before any audio (a route can still answer
-    with an error status); `deltas()` yields the audio.
+    with an error status); `deltas()` yields the audio. `stats` None: no metrics (the `speak` command).
     """
 
-    def __init__(self, engine: AsyncEngine, request: SpeechRequest, stats: SpeechStats) -> None:
+    def __init__(self, engine: AsyncEngine, request: SpeechRequest, stats: SpeechStats | None, *,
+                 report: bool = True) -> None:
         self.request = request
         self.stats = stats
+        self.report = report  # close() reports the request to the metrics
         self.result = SpeechResult()
         self.sample_rate = request.sample_rate or engine.info.sample_rate
         self._events = engine.submit(request)
@@ -103,7 +107,8 @@ class AudioOut:
         result = self.result
         event: EngineEvent | None = await self._first
         while isinstance(event, AudioChunk):
-            self.stats.audio(len(event.pcm))
+            if self.stats is not None:
+                self.stats.audio(len(event.pcm))
             result.deltas += 1
             yield event.pcm
             await asyncio.sleep(0)
@@ -124,7 +129,7 @@ class AudioOut:
         self.result.status = "failed"
 
     async def close(self) -> None:
-        """Cancel the request in the engine unless it ended, and report it to the metrics (once)."""
+        """Cancel the request in the engine unless it ended, and report it to the metrics (once, if `report`)."""
         if self._closed or self._first is None:
             return
         self._closed = True
@@ -132,4 +137,5 @@ class AudioOut:
             self._first.cancel()
             await asyncio.wait([self._first])
         await self._events.aclose()
-        self.stats.end(self.result.metrics_status, self.sample_rate)
+        if self.report and self.stats is not None:
+            self.stats.end(self.result.metrics_status, self.sample_rate)

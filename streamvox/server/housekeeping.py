@@ -7,7 +7,8 @@ been active for a moment, a full garbage collection frees what reference
 cycles still hold (a disconnect's exception keeps its frames, and their audio
 buffers, alive until then), and `malloc_trim(0)` returns the freed memory. The
 trim runs in a worker thread, only when idle, and only on glibc;
-`STREAMVOX_MALLOC_TRIM=0` turns it off.
+`STREAMVOX_MALLOC_TRIM=0` turns it off (`ServerEnv.malloc_trim`: the server
+then does not start this task).
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
-import logging
-import os
-
-log = logging.getLogger(__name__)
+from collections.abc import Callable
 
 
 def _malloc_trim():
-    if os.environ.get("STREAMVOX_MALLOC_TRIM", "1") == "0":
-        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         trim = libc.malloc_trim
@@ -35,7 +31,7 @@ def _malloc_trim():
     return trim
 
 
-async def trim_when_idle(is_idle, interval_s: float = 2.0) -> None:
+async def trim_when_idle(is_idle: Callable[[], bool], interval_s: float = 2.0) -> None:
     """Every `interval_s`, if `is_idle()` now and was not at the last trim, trim the heap once."""
     trim = _malloc_trim()
     if trim is None:

@@ -1,4 +1,4 @@
-"""Security policy: where reference audio may come from, voice names, WebSocket origins.
+"""Reading a request's reference audio from a URL, under the server's `MediaPolicy`.
 
 `ref_audio` is base64 or a `data:` URI by default. With `--allow-ref-audio-urls`
 it may also be an `http(s)://` URL, fetched with a byte and time cap; every
@@ -7,13 +7,8 @@ private, multicast, reserved or unspecified) unless `--allow-private-ref-audio-u
 is given, and the connection goes to the address that was checked (no second
 DNS lookup, so DNS rebinding cannot swap it). Redirects are not followed.
 `file://` URLs are read only under `--allowed-local-media-path DIR`, after
-resolving symlinks; a path that escapes DIR is refused.
-
-WebSocket origins (`OriginMiddleware`): a handshake without an `Origin`
-header (a non-browser client) is allowed; a browser's `Origin` is allowed when
-its host:port equals the request's `Host` header (the page was served by this
-server) or it is listed in `--allowed-origins` (`*` allows every origin). Any
-other handshake is refused before it is accepted: the client sees HTTP 403.
+resolving symlinks; a path that escapes DIR is refused. Either way at most
+`MAX_REF_AUDIO_BYTES` are read.
 """
 
 from __future__ import annotations
@@ -21,39 +16,16 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import os
-import re
 import socket
 import ssl
 import time
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from streamvox.server.errors import APIError
+from streamvox.settings import MediaPolicy
 
-VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-DEFAULT_FETCH_TIMEOUT_S = 10.0
-
-
-def sanitize_voice_name(name: object, param: str = "name") -> str:
-    """A voice name for storage (e.g. `POST /v1/audio/voices`): `[A-Za-z0-9_-]{1,64}` or a 400."""
-    if not isinstance(name, str) or VOICE_NAME.fullmatch(name) is None:
-        raise APIError(400, "A voice name is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'.", param,
-                       "invalid_voice_name")
-    return name
-
-
-@dataclass(frozen=True)
-class MediaPolicy:
-    """Where `ref_audio` may be read from (see the module docstring)."""
-
-    allow_urls: bool = False
-    allow_private_urls: bool = False
-    local_media_path: str | None = None
-    max_bytes: int = 10 * 1024 * 1024
-    fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
+MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024  # a reference audio file, however it arrives
 
 
 def _ref_error(message: str, code: str = "invalid_value") -> APIError:
@@ -141,10 +113,10 @@ def fetch_url(url: str, policy: MediaPolicy) -> bytes:
                 raise _ref_error(f"Fetching 'ref_audio' gave HTTP {response.status} (redirects are not "
                                  "followed).", "ref_audio_fetch_failed")
             length = response.getheader("content-length")
-            if length is not None and length.isdigit() and int(length) > policy.max_bytes:
-                raise _ref_error(f"'ref_audio' is larger than {policy.max_bytes} bytes.", "ref_audio_too_large")
+            if length is not None and length.isdigit() and int(length) > MAX_REF_AUDIO_BYTES:
+                raise _ref_error(f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio_too_large")
             data = bytearray()
-            while len(data) <= policy.max_bytes:
+            while len(data) <= MAX_REF_AUDIO_BYTES:
                 if time.monotonic() > deadline:
                     raise _ref_error(f"Fetching 'ref_audio' took longer than {policy.fetch_timeout_s:g} s.",
                                      "ref_audio_timeout")
@@ -152,7 +124,7 @@ def fetch_url(url: str, policy: MediaPolicy) -> bytes:
                 if not chunk:
                     return bytes(data)
                 data += chunk
-            raise _ref_error(f"'ref_audio' is larger than {policy.max_bytes} bytes.", "ref_audio_too_large")
+            raise _ref_error(f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio_too_large")
         except APIError:
             raise
         except (OSError, http.client.HTTPException) as exc:
@@ -182,9 +154,9 @@ def read_local_file(url: str, policy: MediaPolicy) -> bytes:
     if not path.is_file():
         raise _ref_error("'ref_audio' is not a regular file.", "ref_audio_not_found")
     with open(path, "rb") as file:
-        if os.fstat(file.fileno()).st_size > policy.max_bytes:
-            raise _ref_error(f"'ref_audio' is larger than {policy.max_bytes} bytes.", "ref_audio_too_large")
-        return file.read(policy.max_bytes + 1)
+        if os.fstat(file.fileno()).st_size > MAX_REF_AUDIO_BYTES:
+            raise _ref_error(f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio_too_large")
+        return file.read(MAX_REF_AUDIO_BYTES + 1)
 
 
 def load_ref_audio_url(url: str, policy: MediaPolicy) -> bytes:
@@ -195,61 +167,3 @@ def load_ref_audio_url(url: str, policy: MediaPolicy) -> bytes:
         raise _ref_error("'ref_audio' URLs are not fetched (the server runs without --allow-ref-audio-urls); "
                          "send the file as base64 or a data: URI.", "ref_audio_forbidden")
     return fetch_url(url, policy)
-
-
-# WebSocket origins
-
-
-def _origin_key(value: str) -> str | None:
-    """`scheme://host[:port]` -> `host:port` in lower case, default ports filled in."""
-    parts = urllib.parse.urlsplit(value.strip())
-    if not parts.hostname:
-        return None
-    try:
-        port = parts.port or {"http": 80, "ws": 80, "https": 443, "wss": 443}.get(parts.scheme)
-    except ValueError:
-        return None
-    return f"{parts.hostname.lower()}:{port}"
-
-
-def _host_key(host: str, scheme_port: int) -> str:
-    host = host.strip().lower()
-    if host.startswith("["):  # [v6]:port
-        name, _, rest = host[1:].partition("]")
-        port = rest.lstrip(":") or str(scheme_port)
-        return f"{name}:{port}"
-    name, _, port = host.partition(":")
-    return f"{name}:{port or scheme_port}"
-
-
-class OriginMiddleware:
-    """Refuse WebSocket handshakes from foreign browser origins before they are accepted."""
-
-    def __init__(self, app: ASGIApp, allowed_origins: tuple[str, ...] = ()) -> None:
-        self.app = app
-        self.allow_all = "*" in allowed_origins
-        self.allowed = {key for o in allowed_origins if o != "*" and (key := _origin_key(o))}
-        self.allowed_exact = {o.strip().lower().rstrip("/") for o in allowed_origins}
-
-    def allowed_origin(self, scope: Scope) -> bool:
-        headers = dict(scope.get("headers", []))
-        origin = headers.get(b"origin")
-        if origin is None or self.allow_all:
-            return True
-        origin_text = origin.decode("latin-1")
-        if origin_text.strip().lower().rstrip("/") in self.allowed_exact:
-            return True
-        key = _origin_key(origin_text)
-        if key is None:  # "null" (sandboxed frames, file: pages) and garbage
-            return False
-        if key in self.allowed:
-            return True
-        host = headers.get(b"host")
-        default_port = 443 if scope.get("scheme") in ("wss", "https") else 80
-        return host is not None and _host_key(host.decode("latin-1"), default_port) == key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and not self.allowed_origin(scope):
-            await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
-            return
-        await self.app(scope, receive, send)

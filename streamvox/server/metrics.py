@@ -37,6 +37,10 @@ class Metrics:
         self.sessions = Gauge("streamvox_websocket_sessions", "Open WebSocket sessions.",
                               registry=self.registry)
 
+    def open_sessions(self) -> int:
+        """The `sessions` gauge's value, read through the collector interface."""
+        return int(self.sessions.collect()[0].samples[0].value)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -1,4 +1,5 @@
-"""Validation of `/v1/audio/speech` bodies into engine requests, with OpenAI-shaped errors."""
+"""Validation of speech requests (`/v1/audio/speech` bodies, speech-stream `session.config`) into engine
+requests, with OpenAI-shaped errors naming the offending field."""
 
 from __future__ import annotations
 
@@ -8,45 +9,42 @@ import io
 import math
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import soundfile
 
 from streamvox.audio.formats import FORMATS, STREAMABLE_FORMATS
 from streamvox.contract import ModelInfo, SamplingParams, SpeechRequest
 from streamvox.server.errors import APIError
-from streamvox.server.media_fetch import MediaPolicy, load_ref_audio_url
+from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES, load_ref_audio_url
+from streamvox.settings import MediaPolicy
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
-MAX_REF_AUDIO_BYTES = 10 * 1024 * 1024
 MAX_REF_AUDIO_SECONDS = 60.0
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 DEFAULT_SAMPLE_RATE = 24000  # what OpenAI's pcm carries, and what its clients assume
 # OpenAI's model names: clients written for OpenAI TTS reach the served model unmodified.
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-
-# Where `ref_audio` may come from; the server sets it from its flags at start-up (`configure_media_policy`).
-_media_policy = MediaPolicy()
-
-
-def configure_media_policy(policy: MediaPolicy) -> None:
-    global _media_policy
-    _media_policy = policy
-
-
-_KNOWN_FIELDS = {
-    "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "stream",
-    "sample_rate", "language", "task_type", "ref_audio", "ref_text", "max_new_tokens", "seed",
-    "initial_codec_chunk_frames", "temperature", "top_k", "top_p", "repetition_penalty",
-}
+# How to speak: the fields every speech request takes (the HTTP body, the speech stream's session.config).
+SETTINGS_FIELDS = frozenset({
+    "model", "voice", "instructions", "speed", "sample_rate", "language", "task_type", "ref_audio", "ref_text",
+    "max_new_tokens", "seed", "initial_codec_chunk_frames", "temperature", "top_k", "top_p", "repetition_penalty",
+})
+_HTTP_FIELDS = SETTINGS_FIELDS | {"input", "response_format", "stream_format", "stream"}
 
 
 @dataclass(frozen=True)
 class SpeechParams:
-    request: SpeechRequest
+    """A validated `/v1/audio/speech` body."""
+
+    request: SpeechRequest  # with its output rate: the engine core resamples
     response_format: str
     mode: str  # "file" | "audio" | "sse"
-    sample_rate: int
+
+    @property
+    def sample_rate(self) -> int:
+        return self.request.sample_rate
 
 
 def _field(body: dict, name: str, kind: type | tuple, default=None):
@@ -84,12 +82,11 @@ def check_model(body: dict, info: ModelInfo) -> None:
                        "model", "model_not_found")
 
 
-def decode_ref_audio(value: str, policy: MediaPolicy | None = None) -> tuple[np.ndarray, int]:
+def decode_ref_audio(value: str, policy: MediaPolicy) -> tuple[np.ndarray, int]:
     """A base64 (or `data:` URI) audio file, or a URL the media policy allows -> mono float32 PCM and its rate.
 
     Fetching a URL blocks: callers run this in a worker thread (as they do for any `ref_audio`).
     """
-    policy = policy or _media_policy
     if value.startswith("data:"):
         _, _, value = value.partition(",")
         raw = _b64(value)
@@ -126,19 +123,16 @@ def _b64(value: str) -> bytes:
         raise APIError(400, "'ref_audio' is not valid base64.", "ref_audio") from exc
 
 
-def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams:
-    """Validate a speech body; raise `APIError` (400/404) naming the offending field."""
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.")
-    unknown = sorted(set(body) - _KNOWN_FIELDS)
+def reject_unknown(body: dict, known: frozenset[str] | set[str]) -> None:
+    unknown = sorted(set(body) - known)
     if unknown:
         raise APIError(400, f"Unrecognized request argument: '{unknown[0]}'.", unknown[0], "unknown_parameter")
-    check_model(body, info)
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "'input' is required and must be a non-empty string.", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise APIError(400, f"'input' is longer than {MAX_INPUT_CHARS} characters.", "input")
+
+
+def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> SpeechRequest:
+    """The `SETTINGS_FIELDS` of `body` (after `model`, which the caller checks first), validated into a request
+    template: every field but `request_id` (empty) and `text`. Blocking when `ref_audio` is set (decoding audio
+    is compute, a URL is fetched): callers then run it in a worker thread."""
     voice = body.get("voice")
     if isinstance(voice, dict):  # OpenAI also accepts {"id": "..."}
         voice = voice.get("id")
@@ -152,19 +146,9 @@ def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams
     if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
         raise APIError(400, f"'instructions' is longer than {MAX_INSTRUCTIONS_CHARS} characters.",
                        "instructions")
-    response_format = _field(body, "response_format", str, "wav")
-    if response_format not in FORMATS:
-        raise APIError(400, f"'response_format' must be one of {', '.join(FORMATS)}.", "response_format")
     speed = _in_range("speed", _field(body, "speed", float, 1.0), 0.25, 4.0)
     if speed != 1.0 and not info.native_speed:
         raise APIError(400, f"Model '{info.name}' does not support 'speed' other than 1.0.", "speed")
-    stream_format = _field(body, "stream_format", str)
-    if stream_format not in (None, "sse", "audio"):
-        raise APIError(400, "'stream_format' must be 'sse' or 'audio'.", "stream_format")
-    stream = _field(body, "stream", bool, False)
-    mode = stream_format or ("sse" if stream else "file")
-    if mode in ("sse", "audio") and response_format not in STREAMABLE_FORMATS:
-        raise APIError(400, f"Streaming ({mode}) carries pcm or wav, not '{response_format}'.", "response_format")
     sample_rate = _in_range("sample_rate", _field(body, "sample_rate", int, DEFAULT_SAMPLE_RATE),
                             MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
     task_type = _field(body, "task_type", str)
@@ -173,7 +157,7 @@ def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams
                             f"{', '.join(info.task_types)}.", "task_type")
     ref_pcm, ref_rate = None, None
     if (ref_audio := _field(body, "ref_audio", str)) is not None:
-        ref_pcm, ref_rate = decode_ref_audio(ref_audio)
+        ref_pcm, ref_rate = decode_ref_audio(ref_audio, policy)
     sampling = SamplingParams(
         temperature=_in_range("temperature", _field(body, "temperature", float), 0.0, 2.0),
         top_k=_in_range("top_k", _field(body, "top_k", int), 0, 100000),
@@ -182,9 +166,8 @@ def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams
         seed=_in_range("seed", _field(body, "seed", int), 0, 2**63 - 1),
         max_new_tokens=_in_range("max_new_tokens", _field(body, "max_new_tokens", int), 1, 65536),
     )
-    request = SpeechRequest(
-        request_id=request_id,
-        text=text,
+    return SpeechRequest(
+        request_id="",
         voice=voice,
         language=language,
         instructions=instructions,
@@ -196,5 +179,30 @@ def parse_speech(body: object, info: ModelInfo, request_id: str) -> SpeechParams
         sampling=sampling,
         initial_codec_chunk_frames=_in_range(
             "initial_codec_chunk_frames", _field(body, "initial_codec_chunk_frames", int), 1, 100),
+        sample_rate=sample_rate,
     )
-    return SpeechParams(request, response_format, mode, sample_rate)
+
+
+def parse_speech(body: object, info: ModelInfo, request_id: str, policy: MediaPolicy) -> SpeechParams:
+    """Validate a `/v1/audio/speech` body; raise `APIError` (400/404) naming the offending field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    reject_unknown(body, _HTTP_FIELDS)
+    check_model(body, info)
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "'input' is required and must be a non-empty string.", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise APIError(400, f"'input' is longer than {MAX_INPUT_CHARS} characters.", "input")
+    response_format = _field(body, "response_format", str, "wav")
+    if response_format not in FORMATS:
+        raise APIError(400, f"'response_format' must be one of {', '.join(FORMATS)}.", "response_format")
+    stream_format = _field(body, "stream_format", str)
+    if stream_format not in (None, "sse", "audio"):
+        raise APIError(400, "'stream_format' must be 'sse' or 'audio'.", "stream_format")
+    stream = _field(body, "stream", bool, False)
+    mode = stream_format or ("sse" if stream else "file")
+    if mode in ("sse", "audio") and response_format not in STREAMABLE_FORMATS:
+        raise APIError(400, f"Streaming ({mode}) carries pcm or wav, not '{response_format}'.", "response_format")
+    template = parse_speech_settings(body, info, policy)
+    return SpeechParams(msgspec.structs.replace(template, request_id=request_id, text=text), response_format, mode)

@@ -10,17 +10,15 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from streamvox.server.errors import APIError
+
 log = logging.getLogger(__name__)
 
 # Frames larger than this are decoded in a worker thread, not on the event loop.
 OFFLOAD_BYTES = 1 << 20
 
-
-class FrameError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+# The name the Realtime endpoint catches a bad frame by.
+FrameError = APIError
 
 
 def accepted_subprotocol(websocket: WebSocket, preferred: str | None = None) -> str | None:
@@ -50,23 +48,23 @@ def text_size(text: str) -> int:
 
 
 async def decode_json_event(message: dict, max_bytes: int) -> dict:
-    """An ASGI `websocket.receive` message -> a JSON object with a string `type`, or `FrameError`."""
+    """An ASGI `websocket.receive` message -> a JSON object with a string `type`, or an `APIError`."""
     text = message.get("text")
     if text is None:
-        raise FrameError("Binary frames are not accepted here; send each event as a JSON text frame.",
-                         "invalid_frame")
+        raise APIError(400, "Binary frames are not accepted here; send each event as a JSON text frame.",
+                       code="invalid_frame")
     size = text_size(text)
     if size > max_bytes:
-        raise FrameError(f"The event is {size} bytes; the limit is {max_bytes} bytes.", "event_too_large")
+        raise APIError(400, f"The event is {size} bytes; the limit is {max_bytes} bytes.", code="event_too_large")
     try:
         event = await asyncio.to_thread(msgspec.json.decode, text) if size > OFFLOAD_BYTES \
             else msgspec.json.decode(text)
     except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
-        raise FrameError(f"The event is not valid JSON: {exc}", "invalid_json") from exc
+        raise APIError(400, f"The event is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(event, dict):
-        raise FrameError("An event must be a JSON object.", "invalid_event")
+        raise APIError(400, "An event must be a JSON object.", code="invalid_event")
     if not isinstance(event.get("type"), str):
-        raise FrameError("The event has no string 'type' field.", "invalid_event")
+        raise APIError(400, "The event has no string 'type' field.", code="invalid_event")
     return event
 
 

@@ -164,6 +164,9 @@ def test_sentence_split_mode(espeak_server):
     assert done["reason"] == "stop"
     text = "One sentence here. And a second one! A third without an end"
     assert abs(len(pcm) / 48000 - estimate_duration(text)) < 0.4 * estimate_duration(text)
+    # Each sentence is a request of its own, resampled by the engine core: the utterance is their solo clips.
+    sentences = ["One sentence here.", "And a second one!", "A third without an end"]
+    assert pcm == b"".join(reference_pcm(espeak_server, sentence, None) for sentence in sentences)
 
 
 def test_text_splitter():

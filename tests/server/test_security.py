@@ -22,7 +22,8 @@ import websockets.sync.client as ws_client
 from websockets.exceptions import InvalidStatus
 
 from streamvox.server.errors import APIError
-from streamvox.server.media_fetch import _public, sanitize_voice_name
+from streamvox.server.media_fetch import _public
+from streamvox.server.routes.voices import sanitize_voice_name
 from tests.helpers.server import start_server
 
 KEY = "sk-test-0123456789"

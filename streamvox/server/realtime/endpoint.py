@@ -43,6 +43,7 @@ from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import SLOW_CONSUMER, AudioChunk, Done, EngineError
+from streamvox.server.audio_out import SpeechStats
 from streamvox.server.metrics import Metrics
 from streamvox.server.realtime import turns as agent_turns
 from streamvox.server.realtime.protocol import (
@@ -59,7 +60,6 @@ from streamvox.server.realtime.protocol import (
     parse_modalities,
     parse_voice,
 )
-from streamvox.server.routes.speech import SpeechStats
 from streamvox.server.websocket import (
     OFFLOAD_BYTES,
     FrameError,

@@ -30,8 +30,8 @@ from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
 from streamvox.engine.events import SLOW_CONSUMER, AudioChunk, Done, EngineError
+from streamvox.server.audio_out import SpeechStats
 from streamvox.server.realtime.protocol import RealtimeError, event_name, item_text, new_id
-from streamvox.server.routes.speech import SpeechStats
 
 if TYPE_CHECKING:
     from streamvox.server.realtime.endpoint import RealtimeSession, Response

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -20,38 +19,16 @@ from streamvox.audio.formats import (
     streaming_wav_header,
     to_pcm16,
 )
+from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
-from streamvox.engine.events import AudioChunk, Done, EngineError
+from streamvox.engine.events import Done, EngineError
+from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
-from streamvox.server.metrics import Metrics
 from streamvox.server.speech_params import SpeechParams, parse_speech
+from streamvox.settings import MediaPolicy
 
 MAX_BATCH_ITEMS = 64
 MAX_BODY_BYTES = 16 * 1024 * 1024
-
-
-class SpeechStats:
-    """Timing of one request, reported to the metrics when it ends."""
-
-    def __init__(self, metrics: Metrics, route: str) -> None:
-        self.metrics = metrics
-        self.route = route
-        self.start = time.perf_counter()
-        self.first_audio: float | None = None
-        self.samples = 0
-
-    def audio(self, samples: int) -> None:
-        if self.first_audio is None and samples:
-            self.first_audio = time.perf_counter()
-            self.metrics.ttfp.observe(self.first_audio - self.start)
-        self.samples += samples
-
-    def end(self, status: str, sample_rate: int) -> None:
-        self.metrics.requests.labels(self.route, status).inc()
-        if status == "ok" and self.samples:
-            seconds = self.samples / sample_rate
-            self.metrics.audio_seconds.inc(seconds)
-            self.metrics.rtf.observe((time.perf_counter() - self.start) / seconds)
 
 
 def error_from_engine(error: EngineError) -> APIError:
@@ -82,34 +59,24 @@ async def read_json(request: Request) -> object:
         raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
-async def parse_body(engine: AsyncEngine, body: object) -> SpeechParams:
+async def parse_body(engine: AsyncEngine, body: object, policy: MediaPolicy) -> SpeechParams:
     if engine.info is None:
         raise APIError(503, "The speech engine is starting.", code="engine_unavailable")
     request_id = new_request_id("speech")
     if isinstance(body, dict) and body.get("ref_audio") is not None:  # decoding audio is compute
-        return await asyncio.to_thread(parse_speech, body, engine.info, request_id)
-    return parse_speech(body, engine.info, request_id)
+        return await asyncio.to_thread(parse_speech, body, engine.info, request_id, policy)
+    return parse_speech(body, engine.info, request_id, policy)
 
 
-def _engine_request(params: SpeechParams):
-    """The request with its output rate: the engine core resamples (off the event loop)."""
-    return msgspec.structs.replace(params.request, sample_rate=params.sample_rate)
-
-
-async def synthesize(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> tuple[np.ndarray, Done]:
-    """Run a request to the end; the whole clip at the output rate."""
-    parts = []
-    async with aclosing(engine.submit(_engine_request(params))) as events:
-        async for event in events:
-            match event:
-                case AudioChunk(pcm=pcm):
-                    parts.append(pcm)
-                    stats.audio(len(pcm))
-                case Done() as done:
-                    return np.concatenate(parts) if parts else np.zeros(0, np.float32), done
-                case EngineError() as error:
-                    raise error_from_engine(error)
-    raise APIError(503, "The request ended without a result.", code="engine_unavailable")
+async def synthesize(engine: AsyncEngine, request: SpeechRequest, stats: SpeechStats) -> tuple[np.ndarray, Done]:
+    """Run a request to the end; the whole clip at its output rate. The caller reports `stats`."""
+    async with AudioOut(engine, request, stats, report=False) as out:
+        parts = [pcm async for pcm in out.deltas()]
+    if out.result.error is not None:
+        raise error_from_engine(out.result.error)
+    if out.result.done is None:
+        raise APIError(503, "The request ended without a result.", code="engine_unavailable")
+    return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), out.result.done
 
 
 # Loop time to admit one request (HTTP parsing, validation, submission), for `LoopTurns`: a few hundred
@@ -122,9 +89,9 @@ async def speech(request: Request) -> Response:
     await app.engine.turns.wait(_ADMISSION_COST_MS)
     stats = SpeechStats(app.metrics, "speech")
     try:
-        params = await parse_body(app.engine, await read_json(request))
+        params = await parse_body(app.engine, await read_json(request), app.settings.media)
         if params.mode == "file":
-            pcm, _ = await synthesize(app.engine, params, stats)
+            pcm, _ = await synthesize(app.engine, params.request, stats)
             rate = encoded_sample_rate(params.sample_rate, params.response_format)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
             stats.end("ok", params.sample_rate)
@@ -138,51 +105,35 @@ async def speech(request: Request) -> Response:
 
 async def stream_speech(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> Response:
     """Start the request, wait for its first event (so request errors are still a 400), then stream."""
-    events = engine.submit(_engine_request(params))
-    first = await anext(events)
-    if isinstance(first, EngineError):
-        await events.aclose()
-        raise error_from_engine(first)
+    out = AudioOut(engine, params.request, stats, report=False)
+    if (error := await out.first_error()) is not None:
+        await out.close()
+        raise error_from_engine(error)
     body = _sse_body if params.mode == "sse" else _audio_body
     media_type = "text/event-stream" if params.mode == "sse" else CONTENT_TYPES[params.response_format]
     headers = {"x-sample-rate": str(params.sample_rate), "cache-control": "no-cache"}
-    return StreamingResponse(body(first, events, params, stats), media_type=media_type, headers=headers)
+    return StreamingResponse(body(out, params), media_type=media_type, headers=headers)
 
 
-async def _pcm_deltas(first, events: AsyncIterator, stats: SpeechStats,
-                      rate: int) -> AsyncIterator[bytes | Done | EngineError]:
-    """PCM16 deltas (the engine yields them at the output rate), then the final `Done` or `EngineError`."""
-    status = "cancelled"
+async def _pcm16_deltas(out: AudioOut) -> AsyncIterator[bytes]:
+    """The request's audio as s16le deltas; then `out.result` says how it ended (and the metrics know)."""
     try:
-        event = first
-        while True:
-            match event:
-                case AudioChunk(pcm=pcm):
-                    stats.audio(len(pcm))
-                    if data := to_pcm16(pcm):
-                        yield data
-                case Done():
-                    status = "ok"
-                    yield event
-                    return
-                case EngineError():
-                    status = "error"
-                    yield event
-                    return
-            event = await anext(events)
+        async with aclosing(out.deltas()) as deltas:
+            async for pcm in deltas:
+                if data := to_pcm16(pcm):
+                    yield data
     finally:
-        await events.aclose()
-        stats.end(status, rate)
+        await out.close()
+        out.stats.end(out.result.metrics_status, out.sample_rate)
 
 
-async def _audio_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
+async def _audio_body(out: AudioOut, params: SpeechParams) -> AsyncIterator[bytes]:
     if params.response_format == "wav":
         yield streaming_wav_header(params.sample_rate)
-    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
-        async for item in deltas:
-            if isinstance(item, bytes):
-                yield item
-            # A failure after the headers were sent can only end the body early.
+    async with aclosing(_pcm16_deltas(out)) as deltas:
+        async for data in deltas:
+            yield data
+    # A failure after the headers were sent can only end the body early.
 
 
 def _sse(payload: dict) -> bytes:
@@ -194,18 +145,17 @@ def _sse_audio_delta(pcm16: bytes) -> bytes:
     return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(pcm16) + b'"}\n\n'
 
 
-async def _sse_body(first, events, params: SpeechParams, stats) -> AsyncIterator[bytes]:
-    async with aclosing(_pcm_deltas(first, events, stats, params.sample_rate)) as deltas:
-        async for item in deltas:
-            match item:
-                case bytes():
-                    yield _sse_audio_delta(item)
-                case Done(input_tokens=n_in, output_tokens=n_out):
-                    usage = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-                    yield _sse({"type": "speech.audio.done", "usage": usage})
-                case EngineError(message=message, code=code, param=param):
-                    error = {"message": message, "type": "server_error", "param": param, "code": code}
-                    yield _sse({"type": "error", "error": error})
+async def _sse_body(out: AudioOut, params: SpeechParams) -> AsyncIterator[bytes]:
+    async with aclosing(_pcm16_deltas(out)) as deltas:
+        async for data in deltas:
+            yield _sse_audio_delta(data)
+    if (done := out.result.done) is not None:
+        usage = {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
+                 "total_tokens": done.input_tokens + done.output_tokens}
+        yield _sse({"type": "speech.audio.done", "usage": usage})
+    elif (error := out.result.error) is not None:
+        body = {"message": error.message, "type": "server_error", "param": error.param, "code": error.code}
+        yield _sse({"type": "error", "error": body})
 
 
 async def speech_batch(request: Request) -> Response:
@@ -224,10 +174,10 @@ async def speech_batch(request: Request) -> Response:
     async def run_item(index: int, item: object) -> dict:
         stats = SpeechStats(app.metrics, "speech_batch")
         try:
-            params = await parse_body(app.engine, item)
+            params = await parse_body(app.engine, item, app.settings.media)
             if params.mode != "file":
                 raise APIError(400, "Batch items cannot stream.", "stream_format")
-            pcm, done = await synthesize(app.engine, params, stats)
+            pcm, done = await synthesize(app.engine, params.request, stats)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
             stats.end("ok", params.sample_rate)
             return {"index": index, "status": "succeeded", "response_format": params.response_format,

@@ -4,8 +4,8 @@ Client JSON text frames: `session.config`, `input.text`, `input.done`,
 `input.cancel`, `session.close`. Server: `audio.start`, binary frames of s16le
 mono PCM deltas, `audio.done`, `error`. The first `input.text` after an
 utterance's `input.done` (or `input.cancel`) opens the next utterance;
-utterances are spoken one after another, each with its own engine request,
-resampler and byte count. Every utterance gets exactly one `audio.start` and
+utterances are spoken one after another, each with its own engine requests
+and byte count. Every utterance gets exactly one `audio.start` and
 one `audio.done` (`reason`: `stop`, `length`, `cancelled` or `error`), in order.
 
 Text reaches the model as it arrives (`engine.feed_text`) when the model
@@ -40,19 +40,17 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import msgspec
-import numpy as np
 from starlette.websockets import WebSocket
 
 from streamvox.audio.formats import to_pcm16
-from streamvox.audio.resample import Resampler
-from streamvox.contract import ModelInfo
+from streamvox.contract import ModelInfo, SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
-from streamvox.engine.events import AudioChunk, Done, EngineError
+from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
-from streamvox.server.routes.speech import SpeechStats
-from streamvox.server.speech_params import SpeechParams, parse_speech
-from streamvox.server.websocket import FrameError, Sender, accepted_subprotocol, decode_json_event, env_seconds
+from streamvox.server.speech_params import SETTINGS_FIELDS, check_model, parse_speech_settings, reject_unknown
+from streamvox.server.websocket import Sender, accepted_subprotocol, decode_json_event
+from streamvox.settings import MediaPolicy, ServerSettings
 from streamvox.text_split import TextSplitter
 
 log = logging.getLogger(__name__)
@@ -61,39 +59,31 @@ MAX_FRAME_BYTES = 15 * 1024 * 1024
 MAX_TEXT_MESSAGE_CHARS = 65536
 MAX_UTTERANCE_CHARS = 200_000
 MAX_PENDING_UTTERANCES = 8
-DEFAULT_IDLE_TIMEOUT_S = 300.0
 TEXT_SPLIT_MODES = ("auto", "none", "sentence", "clause")
+_CONFIG_FIELDS = SETTINGS_FIELDS | {"type", "event_id", "text_split", "response_format"}
 
 
-class StreamError(Exception):
-    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
 
 
 @dataclass
 class StreamConfig:
-    params: SpeechParams  # a validated template: voice, language, speed, rate, extensions
+    request: SpeechRequest  # a template (voice, language, speed, rate, extensions); id and text come per request
     split: str  # "none" | "sentence" | "clause" (resolved from "auto")
 
 
-def parse_config(event: dict, info: ModelInfo) -> StreamConfig:
-    body = {key: value for key, value in event.items() if key not in ("type", "event_id", "text_split")}
-    response_format = body.pop("response_format", "pcm")
-    if response_format != "pcm":
-        raise StreamError("'response_format' must be 'pcm' (s16le mono in binary frames).", param="response_format")
+def parse_config(event: dict, info: ModelInfo, policy: MediaPolicy) -> StreamConfig:
+    """A `session.config` event (or `{}` for the defaults) -> how to speak; `APIError` names a bad field.
+    Blocking when it carries `ref_audio` (see `parse_speech_settings`)."""
+    if event.get("response_format", "pcm") != "pcm":
+        raise APIError(400, "'response_format' must be 'pcm' (s16le mono in binary frames).", "response_format")
     split = event.get("text_split", "auto")
     if split not in TEXT_SPLIT_MODES:
-        raise StreamError(f"'text_split' must be one of {', '.join(TEXT_SPLIT_MODES)}.", param="text_split")
+        raise APIError(400, f"'text_split' must be one of {', '.join(TEXT_SPLIT_MODES)}.", "text_split")
     if split == "auto":
         split = "none" if info.streaming_text else "sentence"
-    try:
-        params = parse_speech({**body, "input": "-", "response_format": "pcm"}, info, "template")
-    except APIError as error:
-        raise StreamError(error.message, error.code or "invalid_value", error.param) from error
-    return StreamConfig(params, split)
+    reject_unknown(event, _CONFIG_FIELDS)
+    check_model(event, info)
+    return StreamConfig(parse_speech_settings(event, info, policy), split)
 
 
 @dataclass
@@ -111,11 +101,14 @@ class Utterance:
 
 
 class SpeechStreamSession:
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics,
+                 settings: ServerSettings) -> None:
         self.websocket = websocket
         self.engine = engine
         self.info = engine.info
         self.metrics = metrics
+        self.media = settings.media
+        self.idle_timeout_s = settings.env.speech_stream_idle_timeout_s
         self.sender = Sender(websocket, engine.max_buffered_audio_s)
         self.config: StreamConfig | None = None
         self.open: Utterance | None = None  # taking input.text now
@@ -124,7 +117,6 @@ class SpeechStreamSession:
         self.waiting: list[Utterance] = []  # queued, not started
         self.next_index = 0
         self.last_activity = time.monotonic()
-        self.idle_timeout_s = env_seconds("STREAMVOX_SPEECH_STREAM_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)
         self.handlers = {
             "session.config": self.session_config,
             "input.text": self.input_text,
@@ -155,10 +147,10 @@ class SpeechStreamSession:
                         break
                     handler = self.handlers.get(event["type"])
                     if handler is None:
-                        raise StreamError(f"Unknown message type '{event['type']}'.", "unknown_event_type", "type")
+                        raise APIError(400, f"Unknown message type '{event['type']}'.", "type", "unknown_event_type")
                     await handler(event)
-                except (StreamError, FrameError) as error:
-                    await self.send_error(error.message, error.code, getattr(error, "param", None))
+                except APIError as error:
+                    await self.send_error(error.message, error.code, error.param)
                 except Exception:
                     log.exception("speech stream handler failed")
                     await self.send_error("The server failed to handle the message.", "server_error")
@@ -188,35 +180,35 @@ class SpeechStreamSession:
 
     async def session_config(self, event: dict) -> None:
         if self.open is not None:
-            raise StreamError("session.config may only be sent between utterances; send input.done or "
-                              "input.cancel first.", "utterance_open")
+            raise APIError(400, "session.config may only be sent between utterances; send input.done or "
+                                "input.cancel first.", code="utterance_open")
         if isinstance(event.get("ref_audio"), str):  # decoding reference audio is compute: off the loop
-            self.config = await asyncio.to_thread(parse_config, event, self.info)
+            self.config = await asyncio.to_thread(parse_config, event, self.info, self.media)
         else:
-            self.config = parse_config(event, self.info)
+            self.config = parse_config(event, self.info, self.media)
 
     async def input_text(self, event: dict) -> None:
         text = event.get("text")
         if not isinstance(text, str):
-            raise StreamError("'text' must be a string.", "invalid_value", "text")
+            raise APIError(400, "'text' must be a string.", "text")
         if len(text) > MAX_TEXT_MESSAGE_CHARS:
-            raise StreamError(f"An input.text carries at most {MAX_TEXT_MESSAGE_CHARS} characters.",
-                              "text_too_long", "text")
+            raise APIError(400, f"An input.text carries at most {MAX_TEXT_MESSAGE_CHARS} characters.", "text",
+                           "text_too_long")
         u = self.open
         if u is None:
             if len(self.waiting) + (self.active is not None) >= MAX_PENDING_UTTERANCES:
-                raise StreamError(f"At most {MAX_PENDING_UTTERANCES} utterances may wait or run at once; the text "
-                                  "was dropped.", "too_many_utterances")
+                raise APIError(400, f"At most {MAX_PENDING_UTTERANCES} utterances may wait or run at once; the "
+                                    "text was dropped.", code="too_many_utterances")
             if self.config is None:
-                self.config = parse_config({}, self.info)
+                self.config = parse_config({}, self.info, self.media)
             u = Utterance(self.next_index, self.config)
             self.next_index += 1
             self.open = u
             self.waiting.append(u)
             self.queue.put_nowait(u)
         if u.chars + len(text) > MAX_UTTERANCE_CHARS:
-            raise StreamError(f"An utterance holds at most {MAX_UTTERANCE_CHARS} characters; the text was dropped.",
-                              "utterance_too_long", "text")
+            raise APIError(400, f"An utterance holds at most {MAX_UTTERANCE_CHARS} characters; the text was "
+                                "dropped.", "text", "utterance_too_long")
         u.chars += len(text)
         if u.finished:  # it ended early (engine error, length limit): the rest of its text has no audio
             return
@@ -229,7 +221,8 @@ class SpeechStreamSession:
 
     async def input_done(self, event: dict) -> None:
         if self.open is None:
-            raise StreamError("input.done without an open utterance; send input.text first.", "no_open_utterance")
+            raise APIError(400, "input.done without an open utterance; send input.text first.",
+                           code="no_open_utterance")
         self._end_input(self.open)
 
     def _end_input(self, u: Utterance) -> None:
@@ -274,49 +267,47 @@ class SpeechStreamSession:
                 return
 
     async def _speak(self, u: Utterance) -> None:
-        params = u.config.params
+        template = u.config.request
         await self.sender.json({"type": "audio.start", "utterance_index": u.index, "format": "pcm",
-                                "sample_rate": params.sample_rate, "channels": 1})
-        resampler = Resampler(self.info.sample_rate, params.sample_rate)
-        stats = SpeechStats(self.metrics, "speech_stream")
+                                "sample_rate": template.sample_rate, "channels": 1})
+        stats = SpeechStats(self.metrics, "speech_stream")  # one utterance, however many requests speak it
         total = 0
-
-        async def send_pcm(pcm: np.ndarray) -> None:
-            nonlocal total
-            data = to_pcm16(pcm)
-            if data and await self.sender.binary(data):
-                total += len(data)
 
         async def run_request(text: str, complete: bool) -> str:
             """One engine request; -> "stop" | "length" | "cancelled" | "error"."""
+            nonlocal total
             if u.cancelled:
                 return "cancelled"
-            request = msgspec.structs.replace(params.request, request_id=new_request_id("stream"),
-                                              text=text, text_complete=complete)
-            u.request_id = request.request_id  # from here on input.text is fed straight to the engine
-            async with aclosing(self.engine.submit(request)) as events:
-                async for event in events:
-                    if u.cancelled or self.sender.closed:
-                        return "cancelled"
-                    match event:
-                        case AudioChunk(pcm=pcm):
-                            stats.audio(len(pcm))
-                            await send_pcm(resampler.process(pcm))
-                            await asyncio.sleep(0)  # let the loop read client messages (input.cancel) between deltas
-                        case Done(reason=reason):
-                            return reason
-                        case EngineError(message=message, code=code, param=param):
-                            await self.send_error(message, code, param)
-                            return "error"
-            return "error"
+            request = msgspec.structs.replace(template, request_id=new_request_id("stream"), text=text,
+                                              text_complete=complete)
+            async with AudioOut(self.engine, request, stats, report=False) as out:
+                u.request_id = request.request_id  # registered: from here on input.text goes straight to it
+                if u.cancelled:
+                    return "cancelled"
+                if not complete:
+                    self._catch_up(u)
+                async with aclosing(out.deltas()) as deltas:
+                    async for pcm in deltas:
+                        if u.cancelled or self.sender.closed:
+                            return "cancelled"
+                        data = to_pcm16(pcm)
+                        if data and await self.sender.binary(data):
+                            total += len(data)
+            if u.cancelled or self.sender.closed:
+                return "cancelled"
+            if (error := out.result.error) is not None:
+                await self.send_error(error.message, error.code, error.param)
+                return "error"
+            return out.result.done.reason if out.result.done is not None else "cancelled"
 
         reason = "cancelled"
         try:
             if u.config.split == "none":
                 if not self.info.streaming_text:
                     await u.closed.wait()
-                reason = await run_request("".join(u.pending), u.input_done)
+                text, complete = "".join(u.pending), u.input_done
                 u.pending.clear()
+                reason = await run_request(text, complete)
             else:
                 splitter, reason = TextSplitter(u.config.split), "stop"
                 while reason == "stop":
@@ -330,13 +321,19 @@ class SpeechStreamSession:
                         break
                 if u.cancelled:
                     reason = "cancelled"
-            if reason in ("stop", "length"):
-                await send_pcm(resampler.flush())
         finally:  # also when the session's teardown cancels this task
             reason = "error" if self.sender.stalled else reason
-            stats.end("ok" if reason in ("stop", "length") else reason, self.info.sample_rate)
+            stats.end("ok" if reason in ("stop", "length") else reason, template.sample_rate)
         await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": total,
                                 "reason": reason})
+
+    def _catch_up(self, u: Utterance) -> None:
+        """Hand the engine what came for `u` while its request was being registered (queued in `u.pending`)."""
+        if u.pending:
+            self.engine.feed_text(u.request_id, "".join(u.pending))
+            u.pending.clear()
+        if u.input_done:
+            self.engine.end_input(u.request_id)
 
 
 async def speech_stream_endpoint(websocket: WebSocket) -> None:
@@ -346,5 +343,5 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
         await websocket.close(1013, "the speech engine is not ready")
         return
     await websocket.accept(subprotocol=accepted_subprotocol(websocket))
-    session = SpeechStreamSession(websocket, state.engine, state.metrics)
+    session = SpeechStreamSession(websocket, state.engine, state.metrics, state.settings)
     await session.sender.serve(session.run())

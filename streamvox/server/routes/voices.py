@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -37,8 +38,8 @@ from starlette.responses import JSONResponse, Response
 from streamvox.engine.client import VoiceSample
 from streamvox.engine.events import EngineUnavailable, VoiceRefused
 from streamvox.server.errors import APIError
-from streamvox.server.media_fetch import VOICE_NAME, sanitize_voice_name
-from streamvox.server.speech_params import MAX_REF_AUDIO_BYTES, decode_audio_file
+from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES
+from streamvox.server.speech_params import decode_audio_file
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,15 @@ MAX_VOICES = 256
 MAX_REF_TEXT_CHARS = 2048
 MAX_UPLOAD_BODY_BYTES = MAX_REF_AUDIO_BYTES + 64 * 1024  # the audio file plus the form's other fields
 CONSENT_VALUES = {"true", "1", "yes", "y", "on", "agree", "agreed", "i agree", "affirmed", "i consent", "consent"}
+VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a voice's name is also its directory's
+
+
+def sanitize_voice_name(name: object, param: str = "name") -> str:
+    """A voice name for storage (e.g. `POST /v1/audio/voices`): `[A-Za-z0-9_-]{1,64}` or a 400."""
+    if not isinstance(name, str) or VOICE_NAME.fullmatch(name) is None:
+        raise APIError(400, "A voice name is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'.", param,
+                       "invalid_voice_name")
+    return name
 
 
 def default_voices_dir() -> Path:

@@ -1,0 +1,35 @@
+"""`GET /health` (200 when the engine is ready, else 503), `GET /v1/models` and `GET /metrics` (Prometheus)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+
+async def health(request: Request) -> Response:
+    engine = request.app.state.streamvox.engine
+    if engine.is_ready:
+        return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
+                             "engine_restarts": engine.restarts})
+    body = {"status": "unavailable", "engine_restarts": engine.restarts,
+            "engine_consecutive_failures": engine.consecutive_failures}
+    if (restart_in := engine.restart_in_s) is not None:
+        body["engine_restart_in_s"] = round(restart_in, 3)
+    return JSONResponse(body, status_code=503)
+
+
+async def models(request: Request) -> Response:
+    info = request.app.state.streamvox.engine.info
+    data = [] if info is None else [{"id": info.name, "object": "model", "owned_by": "streamvox",
+                                     "family": info.family, "sample_rate": info.sample_rate,
+                                     "voice_cloning": info.voice_cloning, "streaming_text": info.streaming_text}]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def metrics(request: Request) -> Response:
+    state = request.app.state.streamvox
+    state.metrics.active.set(state.engine.active_requests)
+    state.metrics.engine_restarts.set(state.engine.restarts)
+    if state.lag is not None:
+        state.metrics.loop_lag_p99.set(state.lag.p99())
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
