@@ -107,6 +107,7 @@ def test_sources_written_to_a_directory_serve_as_a_spec(tmp_path) -> None:
     subprocess.run([sys.executable, str(LAB / "kernel_sources.py"), chain, "--out", str(out)], check=True,
                    capture_output=True)
     assert kernel_sources.patched(str(out)) == kernel_sources.patched(chain) != kernel_sources.shipped()
+    assert kernel_sources.patched("") == kernel_sources.shipped()  # no winner: as shipped
     (out / "persistent.cuh").unlink()
     with pytest.raises(kernel_sources.PatchError, match="not the kernel sources"):
         kernel_sources.patched(str(out))

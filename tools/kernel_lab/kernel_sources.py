@@ -90,8 +90,8 @@ def copy_of_kernels(where: Path) -> Path:
 
 
 def patched(spec: str | None) -> dict[str, str]:
-    """The kernel sources a spec names (module docstring; None: as shipped): file name -> text."""
-    if spec is None:
+    """The kernel sources a spec names (module docstring; None or empty: as shipped): file name -> text."""
+    if not spec:
         return shipped()
     if Path(spec).is_dir():
         files = {p.name: p.read_text() for p in _source_files(Path(spec))}
