@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One stream's RTF with the one-launch kernels leaving N multiprocessors to the codec decoder's kernels
-# (STREAMVOX_QWEN3_DECODER_SMS, see kernel_build.kernel_grid; RESULTS.md, "Runs to make next", item 3): one server
-# a value, in the order given (default 0 8 4), each serving 16 requests of 10 s at concurrency 1 after its
-# warm-up. Output and JSON go to $OUT. Three servers fit one 600 s call of the device tool (~100-150 s each,
-# the kernels built by the first and cached for the rest); each is killed after 180 s.
+# (STREAMVOX_QWEN3_DECODER_SMS; docs/gpu.md says why): one server a value, in the order given (default 0 8 4),
+# each serving 16 requests of 10 s at concurrency 1 after its warm-up. Output and JSON go to $OUT. Three servers
+# fit one 600 s call of the device tool (~100-150 s each, the kernels built by the first and cached for the
+# rest); each is killed after 180 s.
 #   bash benchmarks/run_decoder_sms.sh            # 0 8 4
 #   bash benchmarks/run_decoder_sms.sh 0 16 12    # other values
 #   STREAMVOX_QWEN3_TIMING=1 bash benchmarks/run_decoder_sms.sh 0 8   # the servers log each decoder call's GPU time

@@ -10,7 +10,7 @@ here once), each block copying its share of the next projection's weights into s
 current phase (once its input is loaded) and its barrier run.
 
 On an H200 (1.7B shapes, the talker on its per-layer kernels) it takes the one-row frame step from 3.56 to
-3.05 ms (the kernel alone 1.51 ms; benchmarks/RESULTS.md, sessions 18, 21, 22 and 25).
+3.05 ms (the kernel alone 1.51 ms; benchmarks/HISTORY.md, sessions 18, 21, 22 and 25).
 
 Built at first use with the CUDA compiler through `torch.utils.cpp_extension` (15-20 s, then cached);
 used for one-row frame steps of the shapes it is written for (the released 0.6B and 1.7B code predictors),

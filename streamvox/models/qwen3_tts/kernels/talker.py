@@ -10,7 +10,7 @@ the attention.
 
 On an H200 (1.7B shapes) the kernel alone takes 1.28 ms (a CUDA graph) against ~0.67 ms to read its weights,
 the one-row frame step 3.04 ms against 3.16 with the per-layer kernels, and the one-stream RTF is 0.0405 with the
-predictor's kernel (benchmarks/RESULTS.md, session 25).
+predictor's kernel (benchmarks/HISTORY.md, session 25).
 
 Used for one-row frame steps of the shapes it is written for (the released 1.7B talker), bfloat16 weights, on
 GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory; anything else, or a failed

@@ -200,7 +200,7 @@ def _pow2(n: int) -> int:
 
 def _linear_config(m: int, n: int, k: int, swiglu: bool) -> tuple[int, int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, split, dot) for an `[m, k] x [k, n]` product (`n`: output
-    columns), from benchmarks/tune_decode_kernels.py on an H200 at the 1.7B shapes, weights read from memory
+    columns), from tools/kernel_lab/tune_decode_kernels.py on an H200 at the 1.7B shapes, weights read from memory
     as in the frame step. A few rows read each weight once, so what counts is keeping enough bytes in
     flight in enough programs. Up to GEMV_MAX_ROWS rows: no tensor cores (`dot` False), narrow output
     tiles over the whole of K, no split. More rows (tl.dot tiles are at least 16 wide): outputs of up to

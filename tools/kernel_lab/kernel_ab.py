@@ -1,10 +1,11 @@
 """A one-launch kernel against patched variants of it, timed interleaved in one process on one GPU.
 
-The kernel is `talker_kernel.cu` or `predictor_kernel.cu`; a variant is a patch under `benchmarks/variants/`
-(several may be applied in turn). The same kernel's time moves by 1-2% from one lent machine to the next, as
-much as most single changes gain, so a change is judged here against the shipped kernel on the same GPU, in the
-same process, with the timings interleaved: each round times every build once (its kernel alone in a CUDA
-graph, then the one-row frame step's graph), and each build's figure is its median over the rounds.
+The kernel is `talker_kernel.cu` or `predictor_kernel.cu`; a variant is a source spec of `kernel_sources.py`:
+patches under `variants/` joined by + (applied with `git apply`), or a directory of patched sources. The same
+kernel's time moves by 1-2% from one lent machine to the next, as much as most single changes gain, so a change
+is judged here against the shipped kernel on the same GPU, in the same process, with the timings interleaved:
+each round times every build once (its kernel alone in a CUDA graph, then the one-row frame step's graph), and
+each build's figure is its median over the rounds.
 
 Before timing, each variant runs eagerly on the same random inputs as the shipped kernel (the talker: its
 cache restored before each call): the predictor's codes are counted identical or not and, where identical, the
@@ -14,9 +15,10 @@ differences are not expected to exceed gpu_bench's comparisons with the per-laye
 to build or to run is reported and left out.
 
     python benchmarks/make_real_shape_checkpoint.py --size 1.7b --out /tmp/q
-    python benchmarks/kernel_ab.py --model /tmp/q --kernel predictor \\
-        --patch benchmarks/variants/predictor-grid-128.patch --patch benchmarks/variants/predictor-split-rows.patch \\
-        --patch benchmarks/variants/predictor-grid-128.patch+benchmarks/variants/predictor-split-rows.patch
+    V=tools/kernel_lab/variants
+    python tools/kernel_lab/kernel_ab.py --model /tmp/q --kernel predictor \\
+        --patch $V/predictor-grid-128.patch --patch $V/predictor-split-rows.patch \\
+        --patch $V/predictor-grid-128.patch+$V/predictor-split-rows.patch
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "benchmarks")]  # kernel_sources; gpu_bench (adds the repo)
 import gpu_bench  # noqa: E402
-import kernel_source  # noqa: E402
+import kernel_sources  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -48,7 +51,7 @@ class Build:
     def __init__(self, name: str, model, cache, which: str, files: dict[str, str]) -> None:
         self.name, self.which = name, which
         t0 = time.time()
-        kernel_source.install(which, kernel_source.build(which, files, "ab"))
+        kernel_sources.install(which, kernel_sources.build(which, files, "ab"))
         self.stepper = gpu_bench.one_row_stepper(model, cache)
         self.kernel = getattr(self.stepper, gpu_bench.ONE_LAUNCH[which][1])
         assert self.kernel is not None
@@ -97,7 +100,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--kernel", choices=sorted(gpu_bench.ONE_LAUNCH), required=True)
     ap.add_argument("--patch", action="append", default=[],
-                    help="a variant: a patch, or patches joined by + applied in order (repeat for more variants)")
+                    help="a variant: patches joined by + applied in order, or a directory of sources (repeat for more)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=30, help="replays a timing (median)")
     ap.add_argument("--states", type=int, default=8, help="random states compared with the shipped kernel")
@@ -118,13 +121,13 @@ def main() -> None:
     for patch in [None, *args.patch]:
         name = "shipped" if patch is None else "+".join(Path(p).stem for p in patch.split("+"))
         try:
-            trees.append((name, patch, kernel_source.patched(patch)))
-        except ValueError as e:
+            trees.append((name, patch, kernel_sources.patched(patch)))
+        except kernel_sources.PatchError as e:
             gpu_bench.log(f"# {name}: does not apply: {e}")
             res["builds"][name] = {"error": f"does not apply: {e}"}
     other = ({"talker", "predictor"} - {which}).pop()  # the frame steppers build it as shipped
     t0 = time.time()
-    kernel_source.build_all([(which, files, "ab") for _, _, files in trees] + [(other, None, "")])
+    kernel_sources.build_all([(which, files, "ab") for _, _, files in trees] + [(other, None, "")])
     gpu_bench.log(f"# {len(trees) + 1} builds compiled side by side in {time.time() - t0:.1f} s")
 
     os.environ[gpu_bench.ONE_LAUNCH[which][0]] = "1"  # the installed build or a failure

@@ -10,9 +10,10 @@ and replayed once after three warm-up replays; each point's cycles are averaged 
 microseconds at the cycles a microsecond that replay ran at (the blocks' stamped cycles over its event time).
 
     python benchmarks/make_real_shape_checkpoint.py --size 1.7b --out /tmp/q
-    python benchmarks/kernel_stamps.py --model /tmp/q --kernel talker
-    python benchmarks/kernel_stamps.py --model /tmp/q --kernel predictor
-    python benchmarks/kernel_stamps.py --model /tmp/q --kernel predictor --patch benchmarks/variants/NAME.patch
+    python tools/kernel_lab/kernel_stamps.py --model /tmp/q --kernel talker
+    python tools/kernel_lab/kernel_stamps.py --model /tmp/q --kernel predictor
+    python tools/kernel_lab/kernel_stamps.py --model /tmp/q --kernel talker \\
+        --patch tools/kernel_lab/variants/NAME.patch
 
 Stamping itself costs a few percent of the launch (3-5% in sessions 19 and 23): read the split, not the total.
 """
@@ -28,9 +29,10 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "benchmarks")]  # kernel_sources; gpu_bench (adds the repo)
 import gpu_bench  # noqa: E402
-import kernel_source  # noqa: E402
+import kernel_sources  # noqa: E402
 
 MAX_BLOCKS = 160
 POINT = re.compile(r"^( *)(gemv\(|grid_sync<THREADS>\([^;]*;)", re.M)
@@ -105,10 +107,10 @@ def stamped_source(text: str) -> tuple[str, list[str]]:
 def build_stamped(which: str, patch: str | None = None):
     """The stamped extension of `which`'s kernel (as shipped, or with a patch applied; built with the CUDA compiler)
     and its points' labels."""
-    files = kernel_source.patched(patch)
+    files = kernel_sources.patched(patch)
     name = f"{which}_kernel.cu"
     files[name], labels = stamped_source(files[name])
-    return kernel_source.build(which, files, "stamped"), labels
+    return kernel_sources.build(which, files, "stamped"), labels
 
 
 def main() -> None:
@@ -117,13 +119,13 @@ def main() -> None:
     ap.add_argument("--kernel", choices=sorted(gpu_bench.ONE_LAUNCH), required=True)
     ap.add_argument("--pos", type=int, default=150, help="the talker position (the talker's attention length)")
     ap.add_argument("--patch", default=None,
-                    help="stamp a variant instead: benchmarks/variants/*.patch, several joined by +")
+                    help="stamp a variant instead: variants/*.patch joined by +, or a directory of sources")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
 
     ext, labels = build_stamped(args.kernel, args.patch)
-    kernel_source.install(args.kernel, ext)
+    kernel_sources.install(args.kernel, ext)
     env, attr = gpu_bench.ONE_LAUNCH[args.kernel]
     os.environ[env] = "1"  # the stamped build or a failure
     model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)

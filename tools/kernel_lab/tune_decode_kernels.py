@@ -1,7 +1,7 @@
 """Time the Triton decode kernels (streamvox/models/qwen3_tts/kernels/triton_decode.py) at the 1.7B talker's and
 code predictor's shapes, over a grid of launch configurations, against the torch ops they replace.
 
-    python benchmarks/tune_decode_kernels.py [--rows 1 16 64 128] [--json-out F]
+    python tools/kernel_lab/tune_decode_kernels.py [--rows 1 16 64 128] [--json-out F]
 
 Each timing is the median of CUDA-graph replays of 20 back-to-back launches (launch cost as in the
 frame step's graph), divided by 20. The launches cycle through copies of the weight, at least 256 MB of
@@ -25,14 +25,16 @@ import itertools
 import json
 import sys
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from streamvox.models.qwen3_tts.kernels import triton_decode as dk
-from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for streamvox
+from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
+from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
 # (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The one-launch kernels' next runs on a GPU machine (RESULTS.md, "Runs to make next", item 2 (a)-(c)): where each
-# kernel's time goes, then every variant under benchmarks/variants/ against the shipped kernel on the same GPU.
+# The one-launch kernels' queued runs on a GPU machine (README.md beside this file): where each kernel's time
+# goes, then every variant under tools/kernel_lab/variants/ against the shipped kernel on the same GPU.
 # Output and JSON go to $OUT. Parts, each within one 600 s call of the device tool:
-#   bash benchmarks/run_kernel_variants.sh talker       # stamps of the talker kernel, then its A/B
-#   bash benchmarks/run_kernel_variants.sh predictor    # the same for the predictor kernel
-#   bash benchmarks/run_kernel_variants.sh serve        # one stream served as shipped, then with the A/B runs'
-#                                                       # winners (ab_winner.py) written over the tree
+#   bash tools/kernel_lab/run_kernel_variants.sh talker     # stamps of the talker kernel, then its A/B
+#   bash tools/kernel_lab/run_kernel_variants.sh predictor  # the same for the predictor kernel
+#   bash tools/kernel_lab/run_kernel_variants.sh serve      # one stream served as shipped, then with the A/B runs'
+#                                                           # winners (ab_winner.py) written over the tree's kernel
+#                                                           # sources, which are put back afterwards
 # `serve` reads the A/B runs' JSON from $OUT: where $OUT is emptied between calls (the device tool), give all
 # three parts the same OUT=/tmp/kv and copy it out at the end.
 # The checkpoint (1.7B shapes, random weights) is built first unless $MODEL already holds one.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 which=${1:?talker, predictor or serve}
 OUT=${OUT:-/tmp/kernel-variants}
 MODEL=${MODEL:-/tmp/q}
-V=benchmarks/variants
+V=tools/kernel_lab/variants
+K=streamvox/models/qwen3_tts/kernels
 mkdir -p "$OUT"
 # (the checkpoint's last file: a run cut short leaves none)
 [ -f "$MODEL/speech_tokenizer/preprocessor_config.json" ] || python3 benchmarks/make_real_shape_checkpoint.py --size 1.7b --out "$MODEL"
@@ -29,9 +31,15 @@ serve() {  # serve NAME: one stream, 16 requests of 10 s after the warm-up, kill
 # work to each other. A variant that hangs is killed with its run.
 case $which in
   serve)
-    winners=$(python3 benchmarks/ab_winner.py "$OUT"/ab-*.json)
+    winners=$(python3 tools/kernel_lab/ab_winner.py "$OUT"/ab-*.json)
     serve shipped
-    [ -z "$winners" ] || { python3 benchmarks/kernel_source.py "$winners" && serve winners; }
+    if [ -n "$winners" ]; then
+      saved=$(mktemp -d)
+      cp "$K"/*.cu "$K"/*.cuh "$saved"
+      trap 'cp "$saved"/* "$K"/' EXIT  # the shipped sources back, however the serve ends
+      python3 tools/kernel_lab/kernel_sources.py "$winners"
+      serve winners
+    fi
     exit ;;
   talker)
     safe=("$V/talker-grid-128.patch" "$V/talker-attention-batched-reads.patch" "$V/talker-input-in-registers.patch"
@@ -50,10 +58,10 @@ ab() {  # ab NAME SECONDS VARIANT...: the shipped kernel against the variants, k
   local name=$1 limit=$2 args=()
   shift 2
   for v in "$@"; do args+=(--patch "$v"); done
-  timeout "$limit" python3 benchmarks/kernel_ab.py --model "$MODEL" --kernel "$which" "${args[@]}" \
+  timeout "$limit" python3 tools/kernel_lab/kernel_ab.py --model "$MODEL" --kernel "$which" "${args[@]}" \
     --json-out "$OUT/ab-$which-$name.json" || echo "# kernel_ab $name: exit $? (124: killed after $limit s)"
 }
 
-python3 benchmarks/kernel_stamps.py --model "$MODEL" --kernel "$which" --json-out "$OUT/stamps-$which.json"
+python3 tools/kernel_lab/kernel_stamps.py --model "$MODEL" --kernel "$which" --json-out "$OUT/stamps-$which.json"
 ab safe 300 "${safe[@]}"
 if [ ${#handoff[@]} -gt 0 ]; then ab handoff 180 "${handoff[@]}"; fi

@@ -1,13 +1,13 @@
 // How long a grid-wide barrier takes on this GPU, idle and while the blocks stream weights from HBM with the
-// bulk-copy engine as the one-launch kernels do (streamvox/models/qwen3_tts/{talker,predictor}_kernel.cu).
+// bulk-copy engine as the one-launch kernels do (streamvox/models/qwen3_tts/kernels/{talker,predictor}_kernel.cu).
 //
 // One block per multiprocessor runs N barriers back to back; before each, thread 0 writes the barrier's
 // number into its own word, after it reads its neighbour's (a stale read is counted: every design here must
 // report 0). While streaming, the block's last warp keeps SLOTS bulk copies of SLOT bytes in flight from a
 // 4 GiB buffer (every EVERY-th block only, for the rows that say so) and the stream's rate is reported.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/barrier_latency.cu -o /tmp/barrier_latency
-//   /tmp/barrier_latency
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/kernel_lab/barrier_latency.cu -o /tmp/bl
+//   /tmp/bl
 #include <cuda_runtime.h>
 
 #include <cstdio>

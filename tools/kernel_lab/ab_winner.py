@@ -1,5 +1,5 @@
 """The fastest variant of `kernel_ab.py` runs worth serving: prints its patches joined by + (nothing where no
-variant wins), ready for `kernel_source.py` to write over the tree.
+variant wins), ready for `kernel_sources.py` to write over the tree.
 
 A variant wins when its kernel alone is at least `--min-gain` percent under the shipped kernel's median in the
 same run, its one-row frame step is faster too, and its outputs pass: the talker's worst relative difference at
@@ -7,7 +7,7 @@ most `--max-diff`; the predictor's codes identical in at least half of the rando
 its embedding sum within `--max-diff`. Given several runs (the talker's and the predictor's), one winner a run,
 chained in the order given.
 
-    python benchmarks/ab_winner.py /tmp/kv/ab-talker-safe.json /tmp/kv/ab-talker-handoff.json \\
+    python tools/kernel_lab/ab_winner.py /tmp/kv/ab-talker-safe.json /tmp/kv/ab-talker-handoff.json \\
         /tmp/kv/ab-predictor-safe.json
 """
 
