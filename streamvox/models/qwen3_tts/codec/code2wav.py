@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -578,9 +577,11 @@ class Code2Wav(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+        compile_snake: bool = True,
     ) -> Code2Wav:
-        """Load from a `speech_tokenizer/` dir (config.json + safetensors); `encoder.*` keys are ignored."""
+        """Load from a `speech_tokenizer/` dir (config.json + safetensors); `encoder.*` keys are ignored.
+        On CUDA with `compile_snake` (`Qwen3Settings.codec_compile`) the SnakeBeta activations are fused."""
         path = resolve_speech_tokenizer_dir(path)
         cfg = Code2WavConfig.from_dict(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
@@ -588,7 +589,7 @@ class Code2Wav(nn.Module):
         assign_weights(model.decoder, load_speech_tokenizer_state(path, "decoder."), "decoder")
         model.decoder.pre_transformer.inv_freq = rope_inv_freq(cfg.attn_head_dim, cfg.rope_theta)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        if torch.device(device).type == "cuda" and os.environ.get("STREAMVOX_QWEN3_CODEC_COMPILE", "1") != "0":
+        if torch.device(device).type == "cuda" and compile_snake:
             model.compile_pointwise()
         return model
 
