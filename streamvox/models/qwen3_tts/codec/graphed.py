@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav, DecodeStep
+from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
+from streamvox.models.qwen3_tts.codec.decoder_layers import DecodeStep
 from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_host
 
 log = logging.getLogger(__name__)
