@@ -14,6 +14,8 @@ from streamvox.models.qwen3_tts.sampling import MIN_NEW_TOKENS, apply_repetition
 
 
 class EagerPath:
+    """Prefill and frame steps of the requests not on the fast path, writing into the shared `SlotCache`."""
+
     def __init__(self, model: Qwen3TTSModel, cache: SlotCache, suppress: torch.Tensor,
                  on_frame: FrameHook | None) -> None:
         self.model = model

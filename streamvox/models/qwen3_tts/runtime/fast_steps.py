@@ -23,8 +23,8 @@ from streamvox.models.qwen3_tts.runtime.timing import StepTiming, time_gpu
 
 
 class FastSteps:
-    """`batch_prefill` False: prompts one at a time; `ignore_eos`: the chosen ids are never read back (no
-    end-of-speech to notice)."""
+    """Drives the stepper for the requests on the fast path (`Request.fast`). `batch_prefill` False: prompts
+    one at a time; `ignore_eos`: the chosen ids are never read back (no end-of-speech to notice)."""
 
     def __init__(self, stepper: FrameStepper, model: Qwen3TTSModel, requests: Mapping[str, Request],
                  pipeline: DecodePipeline, max_batch: int, batch_prefill: bool, ignore_eos: bool,

@@ -32,6 +32,9 @@ FrameHook = Callable[[str, torch.Tensor], None]  # (request id, frame `[G]`): se
 
 @dataclass
 class Request:
+    """One admitted request: its voice, sampling, text track, KV slot and positions, pending codebook-0 id,
+    buffered frames and codec state."""
+
     rid: str
     spec: VoiceSpec
     talker_sampling: SamplerSettings
