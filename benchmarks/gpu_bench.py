@@ -53,6 +53,15 @@ def log(*a) -> None:
     print(*a, flush=True)
 
 
+def _settings(**changes):
+    """The Qwen3-TTS runtime settings from the environment (as the engine core reads them), with `changes`."""
+    from dataclasses import replace
+
+    from streamvox.settings import Qwen3Settings
+
+    return replace(Qwen3Settings.from_env(), **changes)
+
+
 # ------------------------------------------------------------------------------------------ check
 
 
@@ -71,16 +80,14 @@ def _runner(model, mode: str, n_req: int, frames: int, on_frame=None):
     """A fresh runner in `mode` with n_req greedy requests added."""
     from streamvox.contract import SamplingParams, SpeechRequest
     from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
+    from streamvox.settings import Qwen3Settings
 
-    os.environ["STREAMVOX_QWEN3_FAST"] = "0" if mode == "runner-eager" else "1"
-    os.environ["STREAMVOX_QWEN3_CUDA_GRAPHS"] = "1" if mode.startswith("graph") else "0"
-    os.environ["STREAMVOX_QWEN3_KERNELS"] = "0" if mode == "stepper-torch" else "auto"
-    os.environ.pop("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS", None)  # the served configuration, but for graph-sdpa
-    if mode == "graph-sdpa":
-        os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "0"
-    os.environ["STREAMVOX_QWEN3_IGNORE_EOS"] = "1"
-    os.environ["STREAMVOX_QWEN3_WARMUP_WIDTHS"] = ""
-    runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024, on_frame=on_frame)
+    settings = _settings(fast="0" if mode == "runner-eager" else "1", cuda_graphs=mode.startswith("graph"),
+                         kernels="0" if mode == "stepper-torch" else "auto",
+                         # the served configuration, but for graph-sdpa
+                         split_attend_max_rows=0 if mode == "graph-sdpa" else Qwen3Settings.split_attend_max_rows,
+                         ignore_eos=True, warmup_widths="")
+    runner = Qwen3TTSRunner(model, None, max_batch=64, max_seq_len=1024, on_frame=on_frame, settings=settings)
     if mode == "stepper-eager-bucketed":  # eager steps after the graphs' padded prefill shapes
         runner.stepper.bucketed_prefill = True
     words = TEXT.split()
@@ -136,7 +143,7 @@ def _check_step_graph(model, n_req: int) -> dict:
 
 def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfloat16),
           requests: tuple = (1, 16)) -> dict:
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 
     res = {}
     # stepper-torch: the fast path's torch layers; stepper-eager and graph use the Triton decode kernels;
@@ -177,7 +184,7 @@ def check(model_dir: str, device: str, dtypes: tuple = (torch.float32, torch.bfl
 def repeat(model_dir: str, device: str, dtypes: tuple = (torch.float32,)) -> dict:
     """The greedy codes of the same 16 requests, per dtype: the graph and the eager stepper twice each and the
     bucketed eager stepper once, in one process: identical frames of each run against the first graph run."""
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 
     res = {}
     for dtype in dtypes:
@@ -218,13 +225,14 @@ def _time_cuda(fn, iters: int = 30, warm: int = 3) -> float:
 def micro(model_dir: str) -> dict:
     global COPY_TBS
     from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
     from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
     out: dict = {}
     if os.environ.get("MICRO_DECODER", "all") == "graphed":  # only the serving decoder: cuDNN autotuning off, on
         st_dir = os.path.join(model_dir, "speech_tokenizer")
-        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=torch.float32)
+        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=torch.float32,
+                                         compile_snake=_settings().codec_compile)
         codec.check_codes = False
         codes = torch.randint(0, 2048, (64, 16, 52), generator=torch.Generator().manual_seed(0)).cuda()
         for bench in (False, True):
@@ -266,8 +274,8 @@ def micro(model_dir: str) -> dict:
     if os.environ.get("MICRO_EAGER", "0") == "1":
         variants.append((False, True, True, (1, 4, 16, 64)))
     for graphs, kernels, split, sizes in variants:
-        os.environ["STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS"] = "256" if split else "0"
-        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels)
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, use_kernels=kernels,
+                          settings=_settings(split_attend_max_rows=256 if split else 0))
         name = ("graph" if graphs else "eager") + ("" if kernels else "_torch") + (
             "_sdpa" if kernels and not split else "")
         for b in sizes:
@@ -299,11 +307,11 @@ def micro(model_dir: str) -> dict:
             log(f"# single prefill 60 positions (fused stack): {ms:.2f} ms")
         del st
     # prefill of one prompt (~60 positions)
-    from streamvox.models.qwen3_tts.runtime.runner import _PrefillView
+    from streamvox.models.qwen3_tts.runtime.kv_cache import PrefillView
 
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
-    ms = _time_cuda(lambda m=model, c=cache: m.talker.model.run(emb, pos, _PrefillView(c, 0)), iters=10)
+    ms = _time_cuda(lambda m=model, c=cache: m.talker.model.run(emb, pos, PrefillView(c, 0)), iters=10)
     out["prefill_60_ms"] = ms
     log(f"# talker prefill 60 positions: {ms:.3f} ms (memory bound {(talker_b) / COPY_TBS * 1e3:.3f} ms)")
     del model, cache
@@ -315,33 +323,34 @@ def micro(model_dir: str) -> dict:
     return out
 
 
-ONE_LAUNCH = {"predictor": ("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "pred_kernel"),
-              "talker": ("STREAMVOX_QWEN3_TALKER_KERNEL", "talk_kernel")}
+ONE_LAUNCH = {"predictor": ("predictor_kernel", "pred_kernel"),  # the kernel's setting, the stepper's attribute
+              "talker": ("talker_kernel", "talk_kernel")}
 
 
 def talker_cache(model, slots: int = 3, positions: int = 1024):
     """A bfloat16 talker key/value cache for `model` (what the runner allocates, smaller)."""
-    from streamvox.models.qwen3_tts.runtime.runner import _SlotCache
+    from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
 
     tc = model.cfg.talker
-    return _SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, positions, tc.head_dim, torch.bfloat16,
+    return SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, positions, tc.head_dim, torch.bfloat16,
                       model.device)
 
 
-def one_row_stepper(model, cache):
-    """A frame stepper of up to 2 rows with CUDA graphs and the decode kernels (the one-launch kernels as their
-    env variables say)."""
+def one_row_stepper(model, cache, settings=None):
+    """A frame stepper of up to 2 rows with CUDA graphs and the decode kernels (the one-launch kernels as
+    `settings` say; by default as the environment does)."""
     from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
     tc = model.cfg.talker
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device=model.device)
-    return FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True, use_kernels=True)
+    return FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=True, use_kernels=True,
+                        settings=settings or _settings())
 
 
 def kernel_alone_graph(stepper, which: str, pos: int) -> tuple:
     """A CUDA graph of `stepper`'s one-launch kernel `which` alone, at one row and talker position `pos`, and the
     inputs it reads (keep them while replaying)."""
-    from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph
+    from streamvox.models.qwen3_tts.kernels.graphs import capture_graph
 
     kernel = getattr(stepper, ONE_LAUNCH[which][1])
     tc = stepper.model.cfg.talker
@@ -362,20 +371,18 @@ def one_launch_kernel(model_dir: str, which: str = "predictor", states: int = 24
     random states through both (eager); the step's codes (frame and next codebook-0 id) identical, and where they
     are, the caches and hidden state it wrote; the kernel's graph replayed against its eager run; the one-row
     frame-step graph's time with and without it, and the kernel's alone."""
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
     from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
 
-    env, attr = ONE_LAUNCH[which]
+    field, attr = ONE_LAUNCH[which]
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
     cache = talker_cache(model)
     steppers = {}
     for name, setting in (("kernel", "1"), ("layers", "0")):
-        os.environ[env] = setting
         t0 = time.time()
-        steppers[name] = one_row_stepper(model, cache)
-        log(f"# stepper with {env}={setting}: built in {time.time() - t0:.1f}s")
-    os.environ.pop(env)
+        steppers[name] = one_row_stepper(model, cache, _settings(**{field: setting}))
+        log(f"# stepper with {field}={setting}: built in {time.time() - t0:.1f}s")
     on, off = steppers["kernel"], steppers["layers"]
     assert getattr(on, attr) is not None and getattr(off, attr) is None
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -456,7 +463,7 @@ def _micro_decoder_dtypes(model_dir: str, which: str) -> dict:
     for name, dtype, tf32 in kinds:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=dtype)
+        codec = Code2Wav.from_pretrained(st_dir, device="cuda", dtype=dtype, compile_snake=_settings().codec_compile)
         codec.check_codes = False
         g = torch.Generator().manual_seed(0)
         codes = torch.randint(0, 2048, (64, 16, 52), generator=g).cuda()
@@ -538,7 +545,7 @@ def _check_prefill_graph(model, lens: tuple[int, ...]) -> dict:
     padded row on the scratch slot; (60,) in (1, 64)) against the same prompts prefilled eagerly, padded only
     to the longest: relative error of the last hidden states and of the written keys."""
     from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
-    from streamvox.models.qwen3_tts.runtime.runner import _SlotCache
+    from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
 
     tc = model.cfg.talker
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -546,8 +553,8 @@ def _check_prefill_graph(model, lens: tuple[int, ...]) -> dict:
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     got = {}
     for graphs in (False, True):
-        cache = _SlotCache(tc.num_hidden_layers, 9, tc.num_key_value_heads, 256, tc.head_dim, model.dtype, model.device)
-        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs)
+        cache = SlotCache(tc.num_hidden_layers, 9, tc.num_key_value_heads, 256, tc.head_dim, model.dtype, model.device)
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=graphs, settings=_settings())
         slots = list(range(len(lens)))
         for s in slots:
             st.reset_slot(s, 1.0)
@@ -567,7 +574,8 @@ def _check_graphed_decoder(model_dir: str) -> dict:
     from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
     from streamvox.models.qwen3_tts.codec.graphed import GraphedDecoder
 
-    codec = Code2Wav.from_pretrained(os.path.join(model_dir, "speech_tokenizer"), device="cuda")
+    codec = Code2Wav.from_pretrained(os.path.join(model_dir, "speech_tokenizer"), device="cuda",
+                                     compile_snake=_settings().codec_compile)
     codec.check_codes = False
     codes = torch.randint(0, 2048, (8, 16, 34), generator=torch.Generator().manual_seed(1)).cuda()
     dec = GraphedDecoder(codec, slots=16, max_rows=8, lane_frames=(2, 25))
@@ -611,9 +619,9 @@ def profile(model_dir: str) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
     from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
-    from streamvox.models.qwen3_tts.runtime.runner import _PrefillView
+    from streamvox.models.qwen3_tts.runtime.kv_cache import PrefillView
 
     model = Qwen3TTSModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16)
     tc = model.cfg.talker
@@ -628,7 +636,8 @@ def profile(model_dir: str) -> dict:
     suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device="cuda")
     tables: dict = {}
     for kernels, sizes in ((True, (1, 16, 64)), (False, (64,))):
-        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False, use_kernels=kernels)
+        st = FrameStepper(model, cache, suppress, tc.codec_eos_token_id, 2, use_graphs=False, use_kernels=kernels,
+                          settings=_settings())
         layers = "Triton kernels" if kernels else "torch layers"
         for b in sizes:
             st.active[:b] = True
@@ -642,10 +651,10 @@ def profile(model_dir: str) -> dict:
             tables[key] = _kernel_sequence(prof, f"frame step B={b} (eager, {layers})")
     emb = torch.randn(1, 60, tc.hidden_size, dtype=torch.bfloat16, device="cuda")
     pos = torch.arange(60, device="cuda")[None]
-    model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+    model.talker.model.run(emb, pos, PrefillView(cache, 0))
     torch.cuda.synchronize()
     with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        model.talker.model.run(emb, pos, _PrefillView(cache, 0))
+        model.talker.model.run(emb, pos, PrefillView(cache, 0))
         torch.cuda.synchronize()
     tables["prefill_60"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=90)
     log(tables["prefill_60"])

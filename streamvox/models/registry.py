@@ -18,11 +18,14 @@ def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch
         return EspeakRunner()
     import torch
 
-    from streamvox.models.qwen3_tts.runtime.runner import load_runner as load_qwen3_tts
+    from streamvox.models.qwen3_tts.runtime.loader import load_runner as load_qwen3_tts
+    from streamvox.settings import Qwen3Settings
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     options = {} if max_batch is None else {"max_batch": max_batch}
-    return load_qwen3_tts(model, device=device, dtype=getattr(torch, dtype), **options)
+    # read here, in the engine core process that runs the model
+    return load_qwen3_tts(model, device=device, dtype=getattr(torch, dtype), settings=Qwen3Settings.from_env(),
+                          **options)

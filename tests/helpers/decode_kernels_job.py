@@ -12,17 +12,17 @@ import sys
 from types import SimpleNamespace
 
 os.environ["TRITON_INTERPRET"] = "1"
-os.environ["STREAMVOX_QWEN3_COMPILE"] = "0"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
 
 from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel  # noqa: E402
 from streamvox.models.qwen3_tts.model.layers import apply_rope, rope_inv_freq  # noqa: E402
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper  # noqa: E402
-from streamvox.models.qwen3_tts.runtime.runner import _SlotCache  # noqa: E402
+from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache  # noqa: E402
+from streamvox.settings import Qwen3Settings  # noqa: E402
 
 EPS = 1e-6
 
@@ -186,12 +186,12 @@ def choose_commit_cases() -> None:
 
 
 def _stepper(model: Qwen3TTSModel, slots: int, kernels: bool) -> FrameStepper:
-    """A float32 frame stepper without graphs over a fresh 64-position cache of `slots` slots."""
+    """A float32 frame stepper without graphs or torch.compile over a fresh 64-position cache of `slots` slots."""
     tc = model.cfg.talker
-    cache = _SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
-                       model.device)
+    cache = SlotCache(tc.num_hidden_layers, slots, tc.num_key_value_heads, 64, tc.head_dim, torch.float32,
+                      model.device)
     return FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
-                        use_graphs=False, use_kernels=kernels)
+                        use_graphs=False, use_kernels=kernels, settings=Qwen3Settings(compile="0"))
 
 
 def one_row_case(ckpt: str) -> None:

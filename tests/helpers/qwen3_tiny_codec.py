@@ -158,7 +158,8 @@ def _random_tensor(
 
 
 def _decoder_shapes(cfg: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], bool]]:
-    from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav, Code2WavConfig
+    from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
+    from streamvox.models.qwen3_tts.codec.config import Code2WavConfig
 
     with torch.device("meta"):
         model = Code2Wav(Code2WavConfig.from_dict(cfg))

@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--pos", type=int, default=150, help="the talker position (its attention length)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 
     which = args.kernel
     res: dict = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "kernel": which, "builds": {}}

@@ -122,7 +122,7 @@ def main() -> None:
                     help="stamp a variant instead: variants/*.patch joined by +, or a directory of sources")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
-    from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+    from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 
     ext, labels = build_stamped(args.kernel, args.patch)
     kernel_sources.install(args.kernel, ext)

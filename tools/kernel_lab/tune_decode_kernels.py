@@ -34,7 +34,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for streamvox
 from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
-from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.graphs import capture_graph  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
 # (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072

@@ -12,6 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
+MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
+
+
+def suppressed_codebook0_ids(vocab_size: int, eos: int, ignore_eos: bool, device: torch.device) -> torch.Tensor:
+    """The codebook-0 ids the talker never chooses, as a mask `[vocab_size]`: the last 1024 (control ids) but
+    end-of-speech `eos`, and with `ignore_eos` (fixed-length benchmark output) end-of-speech too."""
+    suppress = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    suppress[max(0, vocab_size - 1024):] = True
+    suppress[eos] = False
+    if ignore_eos:
+        suppress[eos] = True
+    return suppress
+
 
 @dataclass(frozen=True)
 class SamplerSettings:

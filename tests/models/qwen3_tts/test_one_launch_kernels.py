@@ -1,5 +1,5 @@
-"""The one-launch kernels, the code predictor's passes (predictor_kernel) and the talker's layers
-(talker_kernel): where they are used, and on a GPU, against the per-layer Triton kernels."""
+"""The one-launch kernels, the code predictor's passes (kernels/predictor.py) and the talker's layers
+(kernels/talker.py): where they are used, and on a GPU, against the per-layer Triton kernels."""
 
 from __future__ import annotations
 
@@ -13,42 +13,47 @@ import torch
 from streamvox.models.qwen3_tts.kernels import build as kernel_build
 from streamvox.models.qwen3_tts.kernels import predictor as predictor_kernel
 from streamvox.models.qwen3_tts.kernels import talker as talker_kernel
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
-from streamvox.models.qwen3_tts.runtime.runner import _SlotCache
+from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
+from streamvox.settings import Qwen3Settings
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_kernel_only_for_the_shapes_it_is_built_for(tmp_path, monkeypatch) -> None:
+def test_kernel_only_for_the_shapes_it_is_built_for(tmp_path) -> None:
     model = Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice"))
     assert predictor_kernel.unsupported(model) == "code predictor hidden_size 24 (the kernel is built for 1024)"
-    monkeypatch.setenv("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "1")  # required: an unsupported model is an error
-    with pytest.raises(RuntimeError, match="hidden_size 24"):
-        predictor_kernel.predictor_passes(model, None, None, None)
-    monkeypatch.setenv("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "auto")
-    assert predictor_kernel.predictor_passes(model, None, None, None) is None
+    with pytest.raises(RuntimeError, match="hidden_size 24"):  # required: an unsupported model is an error
+        predictor_kernel.predictor_passes(model, None, None, None, "1")
+    assert predictor_kernel.predictor_passes(model, None, None, None, "auto") is None
+    assert predictor_kernel.predictor_passes(model, None, None, None, "0") is None
     tc = model.cfg.talker
-    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, model.dtype, model.device)
+    cache = SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, model.dtype, model.device)
     stepper = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                            use_kernels=True)
     assert stepper.pred_kernel is None  # on the CPU one-row steps keep the per-layer kernels
+    with pytest.raises(RuntimeError, match="predictor kernel: code predictor hidden_size 24"):
+        FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                     use_kernels=True, settings=Qwen3Settings(predictor_kernel="1"))
 
 
-def test_talker_kernel_only_for_the_shapes_it_is_built_for(tmp_path, monkeypatch) -> None:
+def test_talker_kernel_only_for_the_shapes_it_is_built_for(tmp_path) -> None:
     model = Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice"))
     assert talker_kernel.unsupported(model, 64).startswith("talker hidden_size ")
     tc = model.cfg.talker
-    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, model.dtype, model.device)
-    monkeypatch.setenv("STREAMVOX_QWEN3_TALKER_KERNEL", "1")  # required: an unsupported model is an error
-    with pytest.raises(RuntimeError, match="talker kernel: talker hidden_size"):
-        talker_kernel.talker_layers(model, None, cache)
-    monkeypatch.setenv("STREAMVOX_QWEN3_TALKER_KERNEL", "auto")
-    assert talker_kernel.talker_layers(model, None, cache) is None
+    cache = SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 64, tc.head_dim, model.dtype, model.device)
+    with pytest.raises(RuntimeError, match="talker kernel: talker hidden_size"):  # required: unsupported is an error
+        talker_kernel.talker_layers(model, None, cache, "1")
+    assert talker_kernel.talker_layers(model, None, cache, "auto") is None
+    assert talker_kernel.talker_layers(model, None, cache, "0") is None
     stepper = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                            use_kernels=True)
     assert stepper.talk_kernel is None
+    with pytest.raises(RuntimeError, match="talker kernel: talker hidden_size"):
+        FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
+                     use_kernels=True, settings=Qwen3Settings(talker_kernel="1"))
 
 
 def test_next_inputs_are_the_projected_embeddings() -> None:
@@ -84,14 +89,12 @@ def test_kernel_matches_per_layer_kernels_on_gpu(tmp_path, which) -> None:  # pr
     assert res["worst_rel_err_when_identical"] < {"predictor": 0.03, "talker": 0.06}[which]
 
 
-def test_kernel_grid_leaves_the_decoder_its_multiprocessors(monkeypatch) -> None:
-    """STREAMVOX_QWEN3_DECODER_SMS multiprocessors are left out of the kernels' grid; a value that would leave the
-    kernels none, or is not a number, is refused with the variable's name."""
-    monkeypatch.delenv(kernel_build.DECODER_SMS, raising=False)
+def test_kernel_grid_leaves_the_decoder_its_multiprocessors() -> None:
+    """`decoder_sms` multiprocessors are left out of the kernels' grid; a value that would leave the kernels none,
+    or is not a number, is refused with the variable's name."""
     assert kernel_build.kernel_grid(132) == 132
-    monkeypatch.setenv(kernel_build.DECODER_SMS, "8")
-    assert kernel_build.kernel_grid(132) == 124
+    assert kernel_build.kernel_grid(132, Qwen3Settings().decoder_sms) == 132
+    assert kernel_build.kernel_grid(132, "8") == 124
     for bad in ("132", "-1", "four", ""):
-        monkeypatch.setenv(kernel_build.DECODER_SMS, bad)
         with pytest.raises(ValueError, match="STREAMVOX_QWEN3_DECODER_SMS"):
-            kernel_build.kernel_grid(132)
+            kernel_build.kernel_grid(132, bad)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav, StreamState, agreement_db
-from streamvox.models.qwen3_tts.runtime.runner import FLOAT16_MIN_DB, _load_codec
+from streamvox.models.qwen3_tts.runtime.loader import FLOAT16_MIN_DB, load_codec
 from tests.helpers.qwen3_tiny_codec import TINY_DECODER_CONFIG, build_tiny_speech_tokenizer
 
 SPF = 1920
@@ -213,5 +213,5 @@ def test_float16_agreement_and_the_auto_choice(tok_dir: Path, model: Code2Wav) -
     with torch.no_grad():
         half.decoder.pre_conv.conv.weight.mul_(1e4)  # activations past float16's range
     assert agreement_db(model, half) == float("-inf")
-    assert _load_codec(tok_dir, "cpu", "auto").decoder.pre_conv.conv.weight.dtype == torch.float32
-    assert _load_codec(tok_dir, "cpu", "float16").decoder.pre_conv.conv.weight.dtype == torch.float16
+    assert load_codec(tok_dir, "cpu", "auto").decoder.pre_conv.conv.weight.dtype == torch.float32
+    assert load_codec(tok_dir, "cpu", "float16").decoder.pre_conv.conv.weight.dtype == torch.float16

@@ -1,4 +1,4 @@
-"""The slot-state codec decoder (`codec_graphs.GraphedDecoder`), run eagerly on the CPU: the same
+"""The slot-state codec decoder (`codec/graphed.GraphedDecoder`), run eagerly on the CPU: the same
 buckets, padding, slot gathers and scatters that its CUDA graphs capture, checked against the offline
 decode of the tiny checkpoint."""
 
@@ -111,13 +111,14 @@ def test_zero_frame_rows(codec: Code2Wav) -> None:
     assert s1.frames == 0 and s2.frames == 2
 
 
-def test_runner_audio_is_the_same_with_slot_decoder(tmp_path, monkeypatch) -> None:
+def test_runner_audio_is_the_same_with_slot_decoder(tmp_path) -> None:
     """Through the runner (several concurrent requests, the chunk ramp, ends at different frames):
     the slot decoder gives the same audio as `Code2Wav.decode_stream`, and frees every slot."""
     import numpy as np
 
     from streamvox.contract import SamplingParams, SpeechRequest
-    from streamvox.models.qwen3_tts.runtime.runner import load_runner
+    from streamvox.models.qwen3_tts.runtime.loader import load_runner
+    from streamvox.settings import Qwen3Settings
     from tests.helpers.qwen3_harness import RecordingSink, drain
     from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
@@ -126,8 +127,7 @@ def test_runner_audio_is_the_same_with_slot_decoder(tmp_path, monkeypatch) -> No
     texts = ["Hello world, this is a test.", "Streaming text arrives.", "The quick brown fox jumps."]
     audio = {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("STREAMVOX_QWEN3_CODEC_GRAPHS", mode)
-        runner = load_runner(path, max_batch=4, codec_chunk_frames=6)
+        runner = load_runner(path, max_batch=4, codec_chunk_frames=6, settings=Qwen3Settings(codec_graphs=mode))
         assert isinstance(runner.codec, GraphedDecoder) == (mode == "1")
         sink = RecordingSink()
         for i, text in enumerate(texts):

@@ -1,9 +1,8 @@
 """Text to audio through `load_runner` with the checkpoint's own speech tokenizer, against the reference.
 
-Needs the codec side's modules (`code2wav.py`, `codec_encoder.py`, `tests/helpers/qwen3_tiny_codec.py`):
-the streamed PCM deltas of our runner, concatenated, must match the upstream `qwen-tts`
-waveform for the same greedy generation (CustomVoice, and Base in-context cloning where
-the reference codes come from the speech tokenizer's encoder on both sides).
+The streamed PCM deltas of our runner, concatenated, must match the upstream `qwen-tts` waveform for the
+same greedy generation (CustomVoice, and Base in-context cloning where the reference codes come from the
+speech tokenizer's encoder on both sides: `codec/encoder.py` here).
 """
 
 from __future__ import annotations
@@ -12,9 +11,10 @@ import numpy as np
 import pytest
 
 from streamvox.contract import SamplingParams, SpeechRequest
-from streamvox.models.qwen3_tts.runtime.runner import load_runner
+from streamvox.models.qwen3_tts.runtime.loader import load_runner
 from tests.helpers.qwen3_harness import RecordingSink, drain, make_signal, pcm_bytes, run_reference
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
+from tests.helpers.qwen3_tiny_codec import build_tiny_speech_tokenizer
 
 FRAMES = 10
 CODEBOOK = 64  # the tiny speech tokenizer's codebook size
@@ -23,13 +23,6 @@ TEXT = "Hello world, this is streaming speech!"
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    try:
-        import streamvox.models.qwen3_tts.codec.code2wav  # noqa: F401
-        import streamvox.models.qwen3_tts.codec.encoder  # noqa: F401
-        from tests.helpers.qwen3_tiny_codec import build_tiny_speech_tokenizer
-    except ImportError as e:
-        pytest.fail(f"the speech tokenizer side (code2wav / codec_encoder / tests/helpers/qwen3_tiny_codec.py) "
-                    f"is missing: {e}")
     root = tmp_path_factory.mktemp("e2e")
     return {
         task: build_tiny_checkpoint(root / task, task, seed=21 + i, codebook_size=CODEBOOK,

@@ -1,4 +1,4 @@
-"""The slot-indexed greedy frame step (cuda_graphs.FrameStepper) against the eager runner path.
+"""The slot-indexed greedy frame step (`runtime/fast_path.FrameStepper`) against the eager runner path.
 
 On the CPU the stepper runs eagerly (no graphs); the logic (slot rows, inactive rows, masks, lagged
 end-of-speech, repetition penalty) is the same code the GPU captures. GPU-only checks (graph replay
@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from streamvox.contract import SamplingParams, SpeechRequest
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper
-from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner, _SlotCache
+from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
+from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
+from streamvox.settings import Qwen3Settings
 from tests.helpers.qwen3_harness import FrameLog, RecordingSink, drain
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
@@ -48,11 +50,10 @@ def _requests(streaming: bool) -> list[SpeechRequest]:
     return out
 
 
-def _run(model, monkeypatch, fast: str, streaming: bool, ignore_eos: str = "0") -> tuple[dict, dict]:
-    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", fast)
-    monkeypatch.setenv("STREAMVOX_QWEN3_IGNORE_EOS", ignore_eos)
+def _run(model, fast: str, streaming: bool, ignore_eos: bool = False, **settings) -> tuple[dict, dict]:
     log = FrameLog()
-    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log,
+                            settings=Qwen3Settings(fast=fast, ignore_eos=ignore_eos, **settings))
     assert (runner.stepper is not None) == (fast == "1")
     sink = RecordingSink()
     reqs = _requests(streaming)
@@ -76,9 +77,9 @@ def _run(model, monkeypatch, fast: str, streaming: bool, ignore_eos: str = "0") 
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_fast_path_equals_eager(model, monkeypatch, streaming: bool) -> None:
-    eager, done_e = _run(model, monkeypatch, "0", streaming)
-    fast, done_f = _run(model, monkeypatch, "1", streaming)
+def test_fast_path_equals_eager(model, streaming: bool) -> None:
+    eager, done_e = _run(model, "0", streaming)
+    fast, done_f = _run(model, "1", streaming)
     assert done_e == done_f
     assert eager == fast
 
@@ -100,7 +101,7 @@ def test_fused_weights_are_the_layers_own(model) -> None:
                 for lin in part]
 
     before = outputs()
-    cache = _SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 16, tc.head_dim, model.dtype, model.device)
+    cache = SlotCache(tc.num_hidden_layers, 3, tc.num_key_value_heads, 16, tc.head_dim, model.dtype, model.device)
     st = FrameStepper(model, cache, torch.zeros(tc.vocab_size, dtype=torch.bool), tc.codec_eos_token_id, 2,
                       use_graphs=False)
     for layer, fused in zip(layers, st.tstack.layers + st.pstack.layers, strict=True):
@@ -113,23 +114,22 @@ def test_fused_weights_are_the_layers_own(model) -> None:
     assert all(torch.equal(b, a) for b, a in zip(before, outputs(), strict=True))
 
 
-def test_ignore_eos_runs_to_length(model, monkeypatch) -> None:
-    frames, done = _run(model, monkeypatch, "1", False, ignore_eos="1")
+def test_ignore_eos_runs_to_length(model) -> None:
+    frames, done = _run(model, "1", False, ignore_eos=True)
     for i in range(len(TEXTS)):
         assert done[f"r{i}"][0] == "length"
         assert len(frames[f"r{i}"]) == 20 + 3 * i
-    eager, done_e = _run(model, monkeypatch, "0", False, ignore_eos="1")
+    eager, done_e = _run(model, "0", False, ignore_eos=True)
     assert eager == frames and done_e == done
 
 
-def _burst(model, monkeypatch, batched: str, n: int = 8, bucketed: bool = False) -> tuple[dict, dict, list[int]]:
+def _burst(model, batched: bool, n: int = 8, bucketed: bool = False) -> tuple[dict, dict, list[int]]:
     """n greedy requests of different prompt lengths arrive at once; returns frames, finishes and the
     number of prompts prefilled by the first step. `bucketed`: the prefill goes through the static
     bucketed buffers that the GPU's prefill graphs capture (rows padded onto the scratch slot)."""
-    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "1")
-    monkeypatch.setenv("STREAMVOX_QWEN3_BATCH_PREFILL", batched)
     log = FrameLog()
-    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log,
+                            settings=Qwen3Settings(fast="1", batch_prefill=batched))
     runner.stepper.bucketed_prefill = bucketed
     sink = RecordingSink()
     for i in range(n):
@@ -144,17 +144,17 @@ def _burst(model, monkeypatch, batched: str, n: int = 8, bucketed: bool = False)
     return log.frames, sink.done, admitted
 
 
-def test_batched_prefill_equals_one_at_a_time(model, monkeypatch) -> None:
-    one, done_one, admitted_one = _burst(model, monkeypatch, "0")
-    many, done_many, admitted_many = _burst(model, monkeypatch, "1")
+def test_batched_prefill_equals_one_at_a_time(model) -> None:
+    one, done_one, admitted_one = _burst(model, False)
+    many, done_many, admitted_many = _burst(model, True)
     assert len(admitted_many) == 8 and len(set(admitted_many)) > 1  # one step, ragged prompts
     assert admitted_one == admitted_many
     assert done_one == done_many
     assert one == many
     # and both equal the original eager runner path (one eager prefill per request)
-    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "0")
     log = FrameLog()
-    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log)
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log,
+                            settings=Qwen3Settings(fast="0"))
     sink = RecordingSink()
     for i in range(8):
         text = " ".join([TEXTS[i % len(TEXTS)]] * (1 + i % 3))
@@ -164,20 +164,19 @@ def test_batched_prefill_equals_one_at_a_time(model, monkeypatch) -> None:
     assert log.frames == many and sink.done == done_many
 
 
-def test_bucketed_prefill_equals_unpadded(model, monkeypatch) -> None:
+def test_bucketed_prefill_equals_unpadded(model) -> None:
     """5 prompts go into the 8-row bucket (3 padded rows write to the scratch slot) and the 64-position
     length bucket: the same frames as the unpadded batched prefill."""
-    plain, done_plain, admitted = _burst(model, monkeypatch, "1", n=5)
-    padded, done_padded, _ = _burst(model, monkeypatch, "1", n=5, bucketed=True)
+    plain, done_plain, admitted = _burst(model, True, n=5)
+    padded, done_padded, _ = _burst(model, True, n=5, bucketed=True)
     assert len(admitted) == 5 and max(admitted) < 64
     assert padded == plain and done_padded == done_plain
 
 
-def test_batched_prefill_respects_the_token_cap(model, monkeypatch) -> None:
-    monkeypatch.setenv("STREAMVOX_QWEN3_FAST", "1")
-    monkeypatch.setenv("STREAMVOX_QWEN3_BATCH_PREFILL", "1")
+def test_batched_prefill_respects_the_token_cap(model) -> None:
     log = FrameLog()
-    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log, max_prefill_tokens=64)
+    runner = Qwen3TTSRunner(model, None, max_batch=8, max_seq_len=512, on_frame=log, max_prefill_tokens=64,
+                            settings=Qwen3Settings(fast="1", batch_prefill=True))
     calls = []
     orig = runner.stepper.prefill_batch
     runner.stepper.prefill_batch = lambda slots, embeds: (calls.append([e.shape[0] for e in embeds]),
@@ -194,12 +193,9 @@ def test_batched_prefill_respects_the_token_cap(model, monkeypatch) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_graph_replay_equals_eager_on_gpu(tmp_path, monkeypatch) -> None:  # pragma: no cover - GPU only
+def test_graph_replay_equals_eager_on_gpu(tmp_path) -> None:  # pragma: no cover - GPU only
     path = build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice")
     gpu = Qwen3TTSModel.from_pretrained(path, device="cuda", dtype=torch.float32)
-    monkeypatch.setenv("STREAMVOX_QWEN3_WARMUP_WIDTHS", "")
-    monkeypatch.setenv("STREAMVOX_QWEN3_CUDA_GRAPHS", "0")
-    eager, done_e = _run(gpu, monkeypatch, "1", False)
-    monkeypatch.setenv("STREAMVOX_QWEN3_CUDA_GRAPHS", "1")
-    graph, done_g = _run(gpu, monkeypatch, "1", False)
+    eager, done_e = _run(gpu, "1", False, warmup_widths="", cuda_graphs=False)
+    graph, done_g = _run(gpu, "1", False, warmup_widths="", cuda_graphs=True)
     assert done_e == done_g and eager == graph

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from streamvox.models.qwen3_tts.config import parse_config
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from streamvox.contract import SamplingParams, SpeechRequest
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
 from tests.helpers.qwen3_harness import FrameLog, make_signal, pcm_bytes, run_reference, run_solo
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint

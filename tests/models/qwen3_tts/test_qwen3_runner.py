@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from streamvox.contract import RequestError, SamplingParams, SpeechRequest
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
-from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner, load_runner
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
+from streamvox.models.qwen3_tts.runtime.loader import load_runner
+from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
+from streamvox.settings import Qwen3Settings
 from tests.helpers.qwen3_harness import FrameLog, RecordingSink, drain, make_signal, pcm_bytes, run_solo
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
@@ -202,9 +204,9 @@ def test_chunking_sizes_deltas_and_offline_equality(cv_model):
     assert sink.done["c"] == ("length", len(cv_model.tokenizer.text_ids(TEXTS[2])), 14)
 
 
-def test_default_chunks_start_small_and_double(cv_model, monkeypatch):
-    monkeypatch.setenv("STREAMVOX_QWEN3_IGNORE_EOS", "1")
-    runner, log, codec = _runner(cv_model, codec_chunk_frames=25)
+def test_default_chunks_start_small_and_double(cv_model):
+    ignore_eos = Qwen3Settings(ignore_eos=True)
+    runner, log, codec = _runner(cv_model, codec_chunk_frames=25, settings=ignore_eos)
     sink = RecordingSink()
     runner.add(SpeechRequest(request_id="d", text=TEXTS[2], voice="alice",
                              sampling=SamplingParams(temperature=0, max_new_tokens=60)))
@@ -213,7 +215,7 @@ def test_default_chunks_start_small_and_double(cv_model, monkeypatch):
     assert sizes == [1, 2, 4, 8, 16, 25, 4]
     np.testing.assert_array_equal(np.concatenate(sink.audio_chunks["d"]), FakeCodec.offline(log.frames["d"]))
     # with more streams too, the first chunk is one frame
-    runner, log, codec = _runner(cv_model, codec_chunk_frames=25)
+    runner, log, codec = _runner(cv_model, codec_chunk_frames=25, settings=ignore_eos)
     sink = RecordingSink()
     for i in range(6):
         runner.add(SpeechRequest(request_id=f"m{i}", text=TEXTS[i], voice="bob",
@@ -355,12 +357,11 @@ def test_load_runner_from_directory(cv_dir):
     assert sink.done["x"][0] in ("stop", "length")
 
 
-def test_timing_log_counts_requests(cv_model, monkeypatch, caplog):
-    """STREAMVOX_QWEN3_TIMING=1: every request's wait for its prefill and for its first audio is recorded,
+def test_timing_log_counts_requests(cv_model, caplog):
+    """With timing on: every request's wait for its prefill and for its first audio is recorded,
     and the periodic log line reports them (and the extra notes), then starts a new window."""
-    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "1")
-    runner, _, _ = _runner(cv_model)
-    timing = runner._timing
+    runner, _, _ = _runner(cv_model, settings=Qwen3Settings(timing=True))
+    timing = runner.timing
     assert timing is not None
     timing.notes.append(lambda: "decoder note")
     sink = RecordingSink()
@@ -379,12 +380,10 @@ def test_timing_log_counts_requests(cv_model, monkeypatch, caplog):
     assert timing.latency == {"admit": [], "first_audio": []}
 
 
-def test_timing_window_from_env(cv_model, monkeypatch, caplog):
-    """STREAMVOX_QWEN3_TIMING_STEPS sets the log window: with 2, a line every second engine step, each over 2 steps."""
-    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "1")
-    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING_STEPS", "2")
-    runner, _, _ = _runner(cv_model)
-    assert runner._timing is not None and runner._timing.window == 2
+def test_timing_window_from_settings(cv_model, caplog):
+    """`timing_steps` sets the log window: with 2, a line every second engine step, each over 2 steps."""
+    runner, _, _ = _runner(cv_model, settings=Qwen3Settings(timing=True, timing_steps=2))
+    assert runner.timing is not None and runner.timing.window == 2
     runner.add(_requests(1, SamplingParams(temperature=0.0))[0])
     sink = RecordingSink()
     steps = 0
@@ -395,3 +394,15 @@ def test_timing_window_from_env(cv_model, monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("qwen3 runner timing")]
     assert steps >= 4 and len(lines) == steps // 2
     assert all(line.startswith("qwen3 runner timing: 2 steps") for line in lines)
+
+
+def test_environment_reaches_the_runner_through_the_registry(cv_dir, monkeypatch):
+    """The engine core loads the model through the registry, which reads the STREAMVOX_QWEN3_* variables."""
+    from streamvox.models.registry import load_runner as load_model
+
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "1")
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING_STEPS", "7")
+    runner = load_model(str(cv_dir), device="cpu")
+    assert runner.timing is not None and runner.timing.window == 7
+    monkeypatch.setenv("STREAMVOX_QWEN3_TIMING", "0")
+    assert load_model(str(cv_dir), device="cpu").timing is None

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamvox.models.qwen3_tts.codec.code2wav import (
+from streamvox.models.qwen3_tts.codec.weights import (
     assign_weights,
     load_speech_tokenizer_state,
     resolve_speech_tokenizer_dir,

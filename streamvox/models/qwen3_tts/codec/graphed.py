@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav, DecodeStep
-from streamvox.models.qwen3_tts.runtime.fast_path import capture_graph, copy_from_host
+from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav
+from streamvox.models.qwen3_tts.codec.decoder_layers import DecodeStep
+from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_host
 
 log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -35,20 +34,16 @@ def build(source: str):
     return compile_extension(f"streamvox_{Path(source).stem}", HERE / source)
 
 
-DECODER_SMS = "STREAMVOX_QWEN3_DECODER_SMS"
-
-
-def kernel_grid(multiprocessors: int) -> int:
-    """Blocks a one-launch kernel runs, one a multiprocessor: all `multiprocessors` but the number env
-    STREAMVOX_QWEN3_DECODER_SMS (default 0) leaves free. Each block fills its multiprocessor's shared memory for
-    the whole launch, so the codec decoder's kernels (on their low-priority stream) run beside a launch only on
-    the multiprocessors it leaves free; with none free they run between launches, in the AR stage's time.
-    Raises ValueError for a value that is not a whole number below `multiprocessors`."""
-    raw = os.environ.get(DECODER_SMS, "0")
-    if not raw.isdigit() or int(raw) >= multiprocessors:
-        raise ValueError(f"{DECODER_SMS}={raw!r}: a whole number from 0 to {multiprocessors - 1} "
-                         f"(this GPU has {multiprocessors} multiprocessors)")
-    return multiprocessors - int(raw)
+def kernel_grid(multiprocessors: int, decoder_sms: str = "0") -> int:
+    """Blocks a one-launch kernel runs, one a multiprocessor: all `multiprocessors` but `decoder_sms`
+    (`Qwen3Settings.decoder_sms`, env STREAMVOX_QWEN3_DECODER_SMS) left free. Each block fills its multiprocessor's
+    shared memory for the whole launch, so the codec decoder's kernels (on their low-priority stream) run beside a
+    launch only on the multiprocessors it leaves free; with none free they run between launches, in the AR stage's
+    time. Raises ValueError for a value that is not a whole number below `multiprocessors`."""
+    if not decoder_sms.isdigit() or int(decoder_sms) >= multiprocessors:
+        raise ValueError(f"STREAMVOX_QWEN3_DECODER_SMS={decoder_sms!r}: a whole number from 0 to "
+                         f"{multiprocessors - 1} (this GPU has {multiprocessors} multiprocessors)")
+    return multiprocessors - int(decoder_sms)
 
 
 def shape_mismatch(cfg, shape: dict[str, int], what: str) -> str | None:
@@ -87,10 +82,10 @@ def pointers(tensors: list[torch.Tensor], what: str) -> list[int]:
     return [t.data_ptr() for t in tensors]
 
 
-def optional(env: str, what: str, why: str | None, make: Callable[[], K]) -> K | None:
-    """`make()`, or None where env var `env` is 0, the model is unsupported (`why`), or `make` fails (it builds
-    the kernel). `env` 1 requires the kernel: an unsupported model or a failure raises."""
-    setting = os.environ.get(env, "auto")
+def optional(setting: str, what: str, why: str | None, make: Callable[[], K]) -> K | None:
+    """`make()`, or None where `setting` is "0", the model is unsupported (`why`), or `make` fails (it builds
+    the kernel). `setting` "1" requires the kernel: an unsupported model or a failure raises; "auto" uses it
+    where it can."""
     if setting == "0":
         return None
     if why is not None:

@@ -15,12 +15,13 @@ On an H200 (1.7B shapes, the talker on its per-layer kernels) it takes the one-r
 Built at first use with the CUDA compiler through `torch.utils.cpp_extension` (15-20 s, then cached);
 used for one-row frame steps of the shapes it is written for (the released 0.6B and 1.7B code predictors),
 bfloat16 weights, on GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory. Anything
-else, or a failed build, keeps the per-layer Triton kernels (`cuda_graphs.FrameStepper`). Env
-STREAMVOX_QWEN3_PREDICTOR_KERNEL: 0 never, 1 required (a failure raises), default auto.
+else, or a failed build, keeps the per-layer Triton kernels (`runtime/fast_path.FrameStepper`).
+`Qwen3Settings.predictor_kernel` (env STREAMVOX_QWEN3_PREDICTOR_KERNEL): 0 never, 1 required (a failure raises),
+default auto.
 
 The barriers need every block resident at once (one per multiprocessor, which an otherwise idle GPU gives:
-other kernels only delay the launch; env STREAMVOX_QWEN3_DECODER_SMS leaves some multiprocessors to the codec
-decoder, `kernel_build.kernel_grid`). A GPU shared through MPS with another program that also keeps blocks
+other kernels only delay the launch; `Qwen3Settings.decoder_sms` leaves some multiprocessors to the codec
+decoder, `build.kernel_grid`). A GPU shared through MPS with another program that also keeps blocks
 resident while it waits could deadlock both; turn the kernel off there.
 """
 
@@ -65,13 +66,13 @@ def unsupported(model) -> str | None:
 class PredictorPasses:
     """Passes 1..groups-2 of the code predictor for row 0 (cache slot 0) of a `FrameStepper`, in one launch."""
 
-    def __init__(self, model, pstack, pk: torch.Tensor, pv: torch.Tensor) -> None:
+    def __init__(self, model, pstack, pk: torch.Tensor, pv: torch.Tensor, decoder_sms: str = "0") -> None:
         self.ext = build("predictor_kernel.cu")
         dev = model.device
         cp = model.talker.code_predictor
         self.groups = model.cfg.talker.num_code_groups
         self.ht = model.cfg.talker.hidden_size
-        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count)
+        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count, decoder_sms)
         self.shared_bytes = self.ext.prepare(self.grid)  # raises if the device's limit is too low
         bf = dict(dtype=torch.bfloat16, device=dev)
         self.scratch = dict(qkv=torch.empty(4096, **bf), act=torch.empty(3072, **bf),
@@ -114,7 +115,9 @@ class PredictorPasses:
         self.ext.launch(ptrs, self.ints, self.floats, torch.cuda.current_stream(x.device).cuda_stream)
 
 
-def predictor_passes(model, pstack, pk: torch.Tensor, pv: torch.Tensor) -> PredictorPasses | None:
-    """The one-launch passes for this model, or None (unsupported, switched off, or the build failed)."""
-    return optional("STREAMVOX_QWEN3_PREDICTOR_KERNEL", "predictor kernel", unsupported(model),
-                    lambda: PredictorPasses(model, pstack, pk, pv))
+def predictor_passes(model, pstack, pk: torch.Tensor, pv: torch.Tensor, setting: str = "auto",
+                     decoder_sms: str = "0") -> PredictorPasses | None:
+    """The one-launch passes for this model, or None (unsupported, switched off by `setting` "0", or the build
+    failed; `setting` "1" raises instead)."""
+    return optional(setting, "predictor kernel", unsupported(model),
+                    lambda: PredictorPasses(model, pstack, pk, pv, decoder_sms))

@@ -14,10 +14,10 @@ predictor's kernel (benchmarks/HISTORY.md, session 25).
 
 Used for one-row frame steps of the shapes it is written for (the released 1.7B talker), bfloat16 weights, on
 GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory; anything else, or a failed
-build, keeps the per-layer Triton kernels (`cuda_graphs.FrameStepper`). Env STREAMVOX_QWEN3_TALKER_KERNEL: 0
-never, 1 required (a failure raises), default auto. Like the predictor's kernel it needs every block resident
-at once (see predictor_kernel.py), and runs one block on every multiprocessor but those that env
-STREAMVOX_QWEN3_DECODER_SMS leaves to the codec decoder (`kernel_build.kernel_grid`).
+build, keeps the per-layer Triton kernels (`runtime/fast_path.FrameStepper`). `Qwen3Settings.talker_kernel`
+(env STREAMVOX_QWEN3_TALKER_KERNEL): 0 never, 1 required (a failure raises), default auto. Like the predictor's
+kernel it needs every block resident at once (see kernels/predictor.py), and runs one block on every
+multiprocessor but those that `Qwen3Settings.decoder_sms` leaves to the codec decoder (`build.kernel_grid`).
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, he
 MAX_SPAN = 256  # positions one block of the attention takes at most (talker_kernel.cu)
 
 
-def unsupported(model, max_len: int) -> str | None:
+def unsupported(model, max_len: int, decoder_sms: str = "0") -> str | None:
     """Why the kernel cannot run `model`'s talker over a cache of `max_len` positions (None: it can)."""
     why = shape_mismatch(model.cfg.talker, SHAPE, "talker") or device_unsupported(model)
     if why is not None:
         return why
     sms = torch.cuda.get_device_properties(model.device).multi_processor_count
-    groups = kernel_grid(sms) // SHAPE["num_key_value_heads"]
+    groups = kernel_grid(sms, decoder_sms) // SHAPE["num_key_value_heads"]
     if max_len > groups * MAX_SPAN:
         return f"a cache of {max_len} positions (at most {groups * MAX_SPAN} on this GPU)"
     return None
@@ -55,11 +55,11 @@ def unsupported(model, max_len: int) -> str | None:
 class TalkerLayers:
     """The talker's layers for one row of a `FrameStepper`, in one launch."""
 
-    def __init__(self, model, tstack, cache) -> None:
+    def __init__(self, model, tstack, cache, decoder_sms: str = "0") -> None:
         self.ext = build("talker_kernel.cu")
         assert self.ext.max_span() == MAX_SPAN
         dev = model.device
-        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count)
+        self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count, decoder_sms)
         self.shared_bytes = self.ext.prepare()  # raises if the device's limit is too low
         tc = model.cfg.talker
         h, hd, nh, nkv = tc.hidden_size, tc.head_dim, tc.num_attention_heads, tc.num_key_value_heads
@@ -87,8 +87,8 @@ class TalkerLayers:
         return self.x.view(1, -1)
 
 
-def talker_layers(model, tstack, cache) -> TalkerLayers | None:
-    """The one-launch talker layers for this model and cache, or None (unsupported, switched off, or the build
-    failed)."""
-    return optional("STREAMVOX_QWEN3_TALKER_KERNEL", "talker kernel", unsupported(model, cache.k.shape[3]),
-                    lambda: TalkerLayers(model, tstack, cache))
+def talker_layers(model, tstack, cache, setting: str = "auto", decoder_sms: str = "0") -> TalkerLayers | None:
+    """The one-launch talker layers for this model and cache, or None (unsupported, switched off by `setting`
+    "0", or the build failed; `setting` "1" raises instead)."""
+    return optional(setting, "talker kernel", unsupported(model, cache.k.shape[3], decoder_sms),
+                    lambda: TalkerLayers(model, tstack, cache, decoder_sms))

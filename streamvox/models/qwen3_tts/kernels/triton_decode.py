@@ -17,7 +17,7 @@ single-position passes), the new key and value kept in registers; one program wa
 suits the predictor's <= 17 positions only (at 200 positions it took 21 us, the cache write and SDPA 8).
 `split_attend` does the same for the talker's long caches, its programs each over a block of positions,
 the last of a row's to finish combining their softmax states (flash decoding in one launch); with many rows
-the talker attends with the cache write and SDPA instead (`cuda_graphs.SPLIT_ATTEND_MAX_ROWS`).
+the talker attends with the cache write and SDPA instead (`Qwen3Settings.split_attend_max_rows`).
 
 A few rows read each weight once, so a GEMM is fast when enough programs keep enough bytes in flight
 (`_linear_config`): for one row, output tiles of 2..8 columns over the whole of K, summed
@@ -360,7 +360,7 @@ def choose_commit(logits: torch.Tensor, h: torch.Tensor, penalty: torch.Tensor, 
     scores `logits` `[M, V]` (float32) after the repetition penalty on the ids it has `seen`, the `suppress`ed
     ids and end-of-speech (`eos_mask`) while `count` < `min_new`; an active row then takes that id as its
     `token`, `h` as its `hidden` state, marks the id seen and counts one more id and position. Inactive rows
-    keep everything. As `cuda_graphs.FrameStepper._choose` and `_commit` in torch."""
+    keep everything. As `fast_path.FrameStepper._choose` and `_commit` in torch."""
     m, v = logits.shape
     assert logits.stride(1) == 1 and h.stride(1) == 1 and seen.stride(1) == 1 and hidden.stride(1) == 1
     _choose_commit_kernel[(m,)](logits, h, penalty, seen, suppress, eos_mask, count, pos, active, token, hidden, v,
@@ -498,7 +498,7 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
                        heads: int, kv_heads: int, eps: float) -> torch.Tensor:
     """qkv `[M, (heads + 2 kv_heads) * hd]` -> normalised, rotated queries `[M, heads, hd]`; the keys
     (normalised, rotated) and values go to `k_cache`/`v_cache` `[slots, kv_heads, L, hd]` at
-    `[slot[m], :, pos[m]]`. RoPE angle: `pos * inv_freq` (float32, as `modeling.Rope`)."""
+    `[slot[m], :, pos[m]]`. RoPE angle: `pos * inv_freq` (float32, as `model/modules.Rope`)."""
     m = qkv.shape[0]
     hd = k_cache.shape[-1]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1

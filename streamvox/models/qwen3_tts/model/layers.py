@@ -1,5 +1,5 @@
-"""Transformer pieces shared by the talker (`modeling.py`) and the speech tokenizer
-(`code2wav.py`, `codec_encoder.py`).
+"""Transformer pieces shared by the talker (`model/modules.py`) and the speech tokenizer
+(`codec/code2wav.py`, `codec/encoder.py`).
 
 Attribute names are the upstream checkpoints' (`q_proj`, `gate_proj`, `self_attn_layer_scale`, ...),
 so a module built from these pieces keeps the state-dict keys its checkpoint uses.

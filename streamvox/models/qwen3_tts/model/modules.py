@@ -51,7 +51,7 @@ class DenseCache:
 
 
 def _act(name: str) -> nn.Module:
-    """SiLU, the talker's only activation (cuda_graphs.py's fused MLP hard-codes it)."""
+    """SiLU, the talker's only activation (runtime/fused_stack.py's fused MLP hard-codes it)."""
     if name != "silu":
         raise ValueError(f"unsupported activation {name!r}")
     return nn.SiLU()

@@ -8,7 +8,7 @@ codec frame, entirely on the device:
 2. the talker consumes the frame's summed codebook embeddings plus the slot's text-track embedding
    and attends over its KV-cache slot (keys `[0, width)`, masked to each slot's own length);
 3. the next codebook-0 id is chosen greedily after the repetition penalty and the suppress / minimum
-   length masks, exactly as `Qwen3TTSRunner._choose` does.
+   length masks, exactly as `EagerPath.choose` does (`runtime/eager.py`).
 
 Rows are KV-cache slots, so the batch needs no gather: the runner keeps busy slots low and pads the
 row count to a bucket; inactive rows (free slots, or requests waiting for text) compute garbage that
@@ -19,179 +19,34 @@ eagerly (that is how CI tests this path). The step never synchronises with the h
 the chosen ids back asynchronously, one step late, to notice end-of-speech.
 
 Hundreds of small dependent kernels, not the bytes they read, bound this step: the 15 sequential
-predictor passes are most of it. The step runs each layer as five Triton launches (`decode_kernels`,
-`_FusedStack.layer_rows`; the talker's attention as `split_attend` up to `SPLIT_ATTEND_MAX_ROWS` rows,
-else a cache write and SDPA; from `decode_kernels.CUBLAS_MIN_ROWS` rows the GEMMs are cuBLAS calls between
-them), and the predictor's passes as such launches only (`_predict_rows`). Without the kernels
-(`KERNEL_MAX_ROWS`), and in prefill, each layer runs as two fused halves (`_pre_attn`: norm, one q/k/v
-GEMM over concatenated weights, q/k norms, RoPE; `_post_attn`: output projection, norm, one gate/up GEMM,
-SwiGLU), compiled with `torch.compile` on CUDA (dynamic batch).
+predictor passes are most of it. The step runs each layer as five Triton launches (`FusedStack.layer_rows`;
+the talker's attention as `split_attend` up to `Qwen3Settings.split_attend_max_rows` rows, else a cache write
+and SDPA), and the predictor's passes as such launches only (`_predict_rows`); at one row, the one-launch CUDA
+kernels (`kernels/predictor.py`, `kernels/talker.py`) take the predictor's passes and the talker's layers where
+they can. Without the Triton kernels (switched off, or above `Qwen3Settings.kernel_max_rows` rows), and in
+prefill, each layer runs as two fused torch halves (`runtime/fused_stack.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
-from importlib.util import find_spec
-from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_host
 from streamvox.models.qwen3_tts.kernels.predictor import predictor_passes
 from streamvox.models.qwen3_tts.kernels.talker import talker_layers
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(x.dtype)
-
-
-def _rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
-
-
-def _pre_attn(x, w_ln, w_qkv, w_qn, w_kn, cos, sin, eps: float, nh: int, nkv: int, hd: int):
-    """Input norm, fused q/k/v projection, q/k norms, RoPE: the same arithmetic as modeling.Attention."""
-    b, length, _ = x.shape
-    h = _rms(x, w_ln, eps)
-    q, k, v = F.linear(h, w_qkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-    q = _rms(q.reshape(b, length, nh, hd), w_qn, eps).transpose(1, 2)
-    k = _rms(k.reshape(b, length, nkv, hd), w_kn, eps).transpose(1, 2)
-    v = v.reshape(b, length, nkv, hd).transpose(1, 2)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _rope(q, c, s), _rope(k, c, s), v
-
-
-def _post_attn(x, attn, w_o, w_ln2, w_gu, w_down, eps: float, inter: int):
-    """Output projection + residual, post-attention norm, fused gate/up SwiGLU MLP + residual."""
-    b, length, _ = x.shape
-    x = x + F.linear(attn.transpose(1, 2).reshape(b, length, -1), w_o)
-    g, u = F.linear(_rms(x, w_ln2, eps), w_gu).split([inter, inter], dim=-1)
-    return x + F.linear(F.silu(g) * u, w_down)
-
-
-@torch.no_grad()
-def _concat_in_place(linears: list[torch.nn.Linear]) -> torch.Tensor:
-    """The linears' weights concatenated along the output dimension, each weight then re-pointed at its
-    rows of the concatenation (the module computes as before; the separate copies are freed)."""
-    fused = torch.cat([lin.weight for lin in linears])
-    for lin, rows in zip(linears, fused.split([lin.weight.shape[0] for lin in linears]), strict=True):
-        lin.weight.data = rows
-    return fused
-
-
-class _FusedStack:
-    """A decoder stack's weights with q/k/v and gate/up concatenated (fewer, larger GEMMs). The layers' own
-    q/k/v and gate/up parameters become views of the concatenations, so fusing costs no extra memory."""
-
-    def __init__(self, stack, fns, kernels=None) -> None:
-        self.layers = []
-        for layer in stack.layers:
-            a, m = layer.self_attn, layer.mlp
-            if a.q_proj.bias is not None:
-                raise ValueError("fused stack: attention biases are not supported")
-            self.layers.append(dict(
-                w_ln=layer.input_layernorm.weight, w_qkv=_concat_in_place([a.q_proj, a.k_proj, a.v_proj]),
-                w_qn=a.q_norm.weight, w_kn=a.k_norm.weight, w_o=a.o_proj.weight,
-                w_ln2=layer.post_attention_layernorm.weight, w_gu=_concat_in_place([m.gate_proj, m.up_proj]),
-                w_down=m.down_proj.weight,
-            ))
-        a0 = stack.layers[0].self_attn
-        self.eps = stack.layers[0].input_layernorm.eps
-        self.nh, self.nkv, self.hd = a0.heads, a0.kv_heads, a0.head_dim
-        self.inter = stack.layers[0].mlp.gate_proj.weight.shape[0]
-        self.gqa = self.nh != self.nkv
-        self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
-        self.pre, self.post, self.rms = fns
-        self.kernels = kernels  # the decode_kernels module, or None
-        # RoPE angle pos * inv_freq: with one position stream (speech), multimodal RoPE is plain RoPE
-        self.inv_freq = stack.rotary.inv_freq.float()
-
-    def layer(self, i: int, x, cos, sin, attend):
-        """One layer; `attend(i, q, k, v) -> attention output [B, heads, L, hd]` owns the cache."""
-        p = self.layers[i]
-        q, k, v = self.pre(x, p["w_ln"], p["w_qkv"], p["w_qn"], p["w_kn"], cos, sin, self.eps, self.nh, self.nkv,
-                           self.hd)
-        return self.post(x, attend(i, q, k, v), p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], self.eps, self.inter)
-
-    def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None, one_per_slot: bool = False,
-                   width: int = 0):
-        """One layer over one position per row, `x` `[M, H]`, in six Triton launches (decode_kernels):
-        row m's key/value goes to `[slot[m], :, pos[m]]` of this layer's cache `[slots, kv_heads, L, hd]`
-        and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
-        in place of `decode_attention` if given). No two rows share a slot (`one_per_slot`, or `width`: the
-        positions lie below it): five launches, the cache write and the attention in one (`rope_attend`
-        for short caches, `split_attend` over blocks of positions for long ones)."""
-        p, dk = self.layers[i], self.kernels
-        qkv = dk.linear(x, p["w_qkv"], norm=p["w_ln"], eps=self.eps)
-        if width:
-            a = dk.split_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                                self.eps, width)
-        elif one_per_slot:
-            a = dk.rope_attend(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos, self.nh,
-                               self.eps)
-        else:
-            q = dk.qk_norm_rope_store(qkv, p["w_qn"], p["w_kn"], self.inv_freq, k_cache, v_cache, slot, pos,
-                                      self.nh, self.nkv, self.eps)
-            a = attend(q) if attend is not None else dk.decode_attention(q, k_cache, v_cache, slot, pos)
-        x = dk.linear(a, p["w_o"], residual=x)
-        return dk.linear(dk.linear(x, p["w_gu"], norm=p["w_ln2"], eps=self.eps, swiglu=True), p["w_down"], residual=x)
-
-
-def _compiled_fns(enabled: bool):
-    if not enabled:
-        return _pre_attn, _post_attn, _rms
-    import torch._dynamo
-
-    # Variants: batch 1 vs symbolic batch, predictor first step (2 positions) vs later ones, 2-D/3-D norms.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    opts = dict(dynamic=True, fullgraph=True)
-    return torch.compile(_pre_attn, **opts), torch.compile(_post_attn, **opts), torch.compile(_rms, **opts)
-
+from streamvox.models.qwen3_tts.runtime.fused_stack import FusedStack, compiled_fns, decode_kernels
+from streamvox.settings import Qwen3Settings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
-    """Copy a host tensor into device buffer `dst` without a host sync (pinned staging on CUDA)."""
-    dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
-
-
-def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
-    capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
-    call's output (static: each replay overwrites it)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
-    return graph, out
-
 
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 WIDTH_STEP = 256  # talker attention width buckets: multiples of this
 PREFILL_LEN_STEP = 64  # prefill graph lengths: multiples of this, up to PREFILL_MAX_LEN (longer: eager)
 PREFILL_MAX_LEN = 512
 PREFILL_MAX_TOKENS = 16384  # prefill graphs captured at load: rows x length at most this
-# Frame steps of at most this many rows use the Triton decode kernels (H200, 1.7B, graph of one step, session
-# 9: 3.85 vs 7.16 ms for the torch layers at 1 row, 4.94 vs 7.71 at 16, and 6.67 vs 8.33 at 64, where the GEMMs
-# are cuBLAS calls between the kernels; env STREAMVOX_QWEN3_KERNEL_MAX_ROWS for comparisons)
-KERNEL_MAX_ROWS = ROW_BUCKETS[-1]
-# Frame steps of at most this many rows attend in the talker with `decode_kernels.split_attend` (one launch)
-# instead of a cache write and SDPA (H200, 1.7B, graph of one step at width 256, session 11: 3.75 vs 3.80 ms at
-# 1 row, 4.41 vs 4.51 at 4, 4.86 vs 4.95 at 16, but 7.25 vs 6.65 at 64; env STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS
-# for comparisons)
-SPLIT_ATTEND_MAX_ROWS = 16
 
 
 def row_bucket(n: int, max_rows: int) -> int:
@@ -207,10 +62,13 @@ def width_bucket(n: int, max_len: int) -> int:
 
 
 class FrameStepper:
-    """Per-slot device state and the greedy frame step (see module docstring)."""
+    """Per-slot device state and the greedy frame step (see module docstring). `use_graphs` and `use_kernels`
+    override `settings` (`cuda_graphs` on CUDA; `kernels`)."""
 
     def __init__(self, model, cache, suppress: torch.Tensor, eos: int, min_new_tokens: int,
-                 use_graphs: bool | None = None, use_kernels: bool | None = None) -> None:
+                 use_graphs: bool | None = None, use_kernels: bool | None = None,
+                 settings: Qwen3Settings | None = None) -> None:
+        settings = settings or Qwen3Settings()
         self.model = model
         self.talker = model.talker
         self.cache = cache
@@ -225,26 +83,32 @@ class FrameStepper:
         self.eos = eos
         self.min_new = min_new_tokens
         if use_graphs is None:
-            use_graphs = dev.type == "cuda" and os.environ.get("STREAMVOX_QWEN3_CUDA_GRAPHS", "1") != "0"
+            use_graphs = dev.type == "cuda" and settings.cuda_graphs
         self.use_graphs = use_graphs
-        compile_env = os.environ.get("STREAMVOX_QWEN3_COMPILE", "auto")
-        use_compile = compile_env == "1" or (compile_env == "auto" and dev.type == "cuda")
-        fns = _compiled_fns(use_compile)
-        kernels = _decode_kernels(dev, use_kernels)
-        self.kernel_max_rows = int(os.environ.get("STREAMVOX_QWEN3_KERNEL_MAX_ROWS", KERNEL_MAX_ROWS))
-        self.split_attend_max_rows = int(os.environ.get("STREAMVOX_QWEN3_SPLIT_ATTEND_MAX_ROWS",
-                                                        SPLIT_ATTEND_MAX_ROWS))
-        self.tstack = _FusedStack(self.talker.model, fns, kernels)
-        self.pstack = _FusedStack(self.talker.code_predictor.model, fns, kernels)
+        use_compile = settings.compile == "1" or (settings.compile == "auto" and dev.type == "cuda")
+        fns = compiled_fns(use_compile)
+        kernels = decode_kernels(dev, use_kernels, settings.kernels)
+        # Frame steps of at most this many rows use the Triton decode kernels (default: all; H200, 1.7B, graph of
+        # one step, session 9: 3.85 vs 7.16 ms for the torch layers at 1 row, 4.94 vs 7.71 at 16, and 6.67 vs 8.33
+        # at 64, where the GEMMs are cuBLAS calls between the kernels)
+        self.kernel_max_rows = settings.kernel_max_rows
+        # Frame steps of at most this many rows attend in the talker with `split_attend` (one launch) instead of
+        # a cache write and SDPA (default 16; H200, 1.7B, graph of one step at width 256, session 11: 3.75 vs
+        # 3.80 ms at 1 row, 4.41 vs 4.51 at 4, 4.86 vs 4.95 at 16, but 7.25 vs 6.65 at 64)
+        self.split_attend_max_rows = settings.split_attend_max_rows
+        self.tstack = FusedStack(self.talker.model, fns, kernels)
+        self.pstack = FusedStack(self.talker.code_predictor.model, fns, kernels)
         self._row_index: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         pc = self.talker.code_predictor.cfg
         self.pk = torch.zeros(pc.num_hidden_layers, slots, pc.num_key_value_heads, self.groups + 1, pc.head_dim,
                               dtype=model.dtype, device=dev)
         self.pv = torch.zeros_like(self.pk)
         # one-row steps: the 14 single-position predictor passes in one launch (CUDA, the released shapes)
-        self.pred_kernel = predictor_passes(model, self.pstack, self.pk, self.pv) if kernels is not None else None
+        self.pred_kernel = (predictor_passes(model, self.pstack, self.pk, self.pv, settings.predictor_kernel,
+                                             settings.decoder_sms) if kernels is not None else None)
         # and the talker's layers in one launch (CUDA, the released 1.7B shapes)
-        self.talk_kernel = talker_layers(model, self.tstack, cache) if kernels is not None else None
+        self.talk_kernel = (talker_layers(model, self.tstack, cache, settings.talker_kernel, settings.decoder_sms)
+                            if kernels is not None else None)
         ppos = torch.arange(self.groups + 1, device=dev)[None]
         self.pcos, self.psin = self.talker.code_predictor.model.rotary(ppos, model.dtype)  # [1, G+1, hd]
         # persistent state (index = slot)
@@ -594,7 +458,7 @@ class FrameStepper:
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
             self.tstack.kernels = self.pstack.kernels = None
-            fns = _compiled_fns(False)
+            fns = compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns
         graph, _ = capture_graph(lambda: self._forward(rows, width), self.pool)
@@ -624,19 +488,3 @@ class FrameStepper:
                     self._capture_prefill(rows, width)
         torch.cuda.synchronize()
 
-
-def _decode_kernels(device: torch.device, use: bool | None):
-    """The Triton decode-layer kernels (`decode_kernels`), or None (the compiled torch layer halves).
-    `use` True: always (on the CPU under TRITON_INTERPRET=1, which is how CI tests them); False: never;
-    None: env STREAMVOX_QWEN3_KERNELS=0 never, =1 always, by default on CUDA; either only with triton installed."""
-    if use is None:
-        env = os.environ.get("STREAMVOX_QWEN3_KERNELS", "auto")
-        use = (env == "1" or (env == "auto" and device.type == "cuda")) and find_spec("triton") is not None
-    if not use:
-        return None
-    from streamvox.models.qwen3_tts.kernels import triton_decode as decode_kernels
-    return decode_kernels
-
-
-def sdpa_gqa_supported() -> bool:
-    return "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

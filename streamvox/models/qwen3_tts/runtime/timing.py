@@ -1,11 +1,12 @@
-"""Where an engine step's time goes (env STREAMVOX_QWEN3_TIMING=1): a diagnostic for GPU serving runs.
+"""Where an engine step's time goes (`Qwen3Settings.timing`, env STREAMVOX_QWEN3_TIMING=1): a diagnostic for GPU
+serving runs.
 
 The runner adds host time per step phase (and of adding requests between steps), GPU spans (CUDA events around
 frame steps and decoder calls, read only once they have completed, so timing never syncs) and per-request waits;
 at the end of each window of steps one log line reports their means and percentiles, plus any notes (the
-decoder's real and padded frames), and starts a new window. A window is 250 steps, or env
-STREAMVOX_QWEN3_TIMING_STEPS: about 10 resolves the few steps in which a round of requests arrives, is prefilled
-and gets its first audio (a 10 s request is 125 steps).
+decoder's real and padded frames), and starts a new window. A window is `Qwen3Settings.timing_steps` (env
+STREAMVOX_QWEN3_TIMING_STEPS, default 250): about 10 resolves the few steps in which a round of requests
+arrives, is prefilled and gets its first audio (a 10 s request is 125 steps).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class StepTiming:
-    """Host time per engine-step phase (env STREAMVOX_QWEN3_TIMING=1), logged every `window` steps, with the GPU
+    """Host time per engine-step phase, logged every `window` steps, with the GPU
     time of frame steps and decoder calls (CUDA events, read once they have completed), the decoder calls'
     real and padded frames, and per request the time from arrival to prefill and to its first audio. On CUDA
     the runner also warns of every host sync (`torch.cuda.set_sync_debug_mode`)."""
@@ -76,3 +77,11 @@ class StepTiming:
                      self.steps, wall, parts, gpu, lat, "; ".join(note() for note in self.notes))
         self.sec, self.items, self.steps, self.t0 = {}, {}, 0, time.perf_counter()
         self.latency = {k: [] for k in self.latency}
+
+
+def time_gpu(timing: StepTiming | None, name: str, stream: Any) -> Callable[[], None]:
+    """With `timing` on CUDA (`stream` not None): time the device work queued on `stream` from now until the
+    returned function is called; otherwise a no-op."""
+    if timing is None or stream is None:
+        return lambda: None
+    return timing.gpu_span(name, stream)

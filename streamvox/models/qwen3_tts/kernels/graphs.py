@@ -1,0 +1,32 @@
+"""CUDA-graph helpers shared by the frame stepper (`runtime/fast_path.py`) and the slot decoder
+(`codec/graphed.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
+    """Copy a host tensor into device buffer `dst` without a host sync (pinned staging on CUDA)."""
+    dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+
+
+def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
+    capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
+    call's output (static: each replay overwrites it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
