@@ -130,7 +130,7 @@ def main() -> None:
     kernel_sources.build_all([(which, files, "ab") for _, _, files in trees] + [(other, None, "")])
     gpu_bench.log(f"# {len(trees) + 1} builds compiled side by side in {time.time() - t0:.1f} s")
 
-    os.environ[gpu_bench.ONE_LAUNCH[which][0]] = "1"  # the installed build or a failure
+    os.environ["STREAMVOX_QWEN3_" + gpu_bench.ONE_LAUNCH[which][0].upper()] = "1"  # the installed build or a failure
     model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)
     cache = gpu_bench.talker_cache(model)
     gen = torch.Generator(device="cuda").manual_seed(0)
