@@ -126,10 +126,10 @@ def main() -> None:
 
     ext, labels = build_stamped(args.kernel, args.patch)
     kernel_sources.install(args.kernel, ext)
-    env, attr = gpu_bench.ONE_LAUNCH[args.kernel]
-    os.environ[env] = "1"  # the stamped build or a failure
+    setting, attr = gpu_bench.ONE_LAUNCH[args.kernel]
     model = Qwen3TTSModel.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16)
-    stepper = gpu_bench.one_row_stepper(model, gpu_bench.talker_cache(model))
+    settings = gpu_bench._settings(**{setting: "1"})  # the stamped build or a failure
+    stepper = gpu_bench.one_row_stepper(model, gpu_bench.talker_cache(model), settings)
     graph, _inputs = gpu_bench.kernel_alone_graph(stepper, args.kernel, args.pos)
     for _ in range(3):
         graph.replay()
