@@ -27,6 +27,7 @@ from streamvox.server.routes.speech import speech, speech_batch
 from streamvox.server.routes.speech_stream import speech_stream_endpoint
 from streamvox.server.routes.voices import VoiceStore, default_voices_dir, delete_voice, list_voices, upload_voice
 from streamvox.server.speech_params import configure_media_policy
+from streamvox.settings import ServerEnv
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ServerSettings:
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
     allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
     voices_dir: str | None = None  # cloned voices (Base checkpoints); None: the user's data directory
+    env: ServerEnv = field(default_factory=ServerEnv.from_env)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""OpenAI Realtime session state: the two dialects (GA and beta), session config, audio formats.
+"""The OpenAI Realtime protocol's vocabulary: the two dialects (GA and beta), event names, audio formats, the
+session config and its parsing, object ids.
 
 One connection speaks one dialect, chosen at connect time: beta when the client
 sent `OpenAI-Beta: realtime=v1`, GA otherwise. `session.update` accepts either
@@ -26,9 +27,6 @@ from streamvox.contract import ModelInfo
 
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_INSTRUCTIONS_CHARS = 32768
-# How the server produces a response's content. There is no thinker LLM yet: the
-# "echo" responder speaks the latest user text (or the response's own input).
-RESPONDER = "echo"
 
 
 class RealtimeError(Exception):
@@ -44,6 +42,8 @@ class RealtimeError(Exception):
 
 
 def new_id(prefix: str) -> str:
+    """A protocol object's id (session, conversation, item, response, event); engine requests get
+    `streamvox.engine.client.new_request_id`."""
     return f"{prefix}_{uuid.uuid4().hex[:22]}"
 
 
@@ -52,7 +52,7 @@ class Dialect(Enum):
     BETA = "beta"
 
 
-# Server event names that differ between the dialects (PROTOCOLS.md section 2).
+# Server event names that differ between the dialects (docs/realtime.md).
 _NAMES = {
     "audio.delta": ("response.output_audio.delta", "response.audio.delta"),
     "audio.done": ("response.output_audio.done", "response.audio.done"),
@@ -152,9 +152,10 @@ class SessionConfig:
             return ["audio"] if self.audio_output else ["text"]
         return ["text", "audio"] if self.audio_output else ["text"]
 
-    def render(self, dialect: Dialect, session_id: str, info: ModelInfo) -> dict:
-        streamvox = {"responder": RESPONDER, "asr": None, "engine_model": info.name,
-                     "engine_sample_rate": info.sample_rate}
+    def render(self, dialect: Dialect, session_id: str, info: ModelInfo, agent: dict | None = None) -> dict:
+        """The session object; `agent`: what the voice agent says of itself (None: the echo responder, no ASR)."""
+        streamvox = {"responder": "echo", "asr": None, "engine_model": info.name,
+                     "engine_sample_rate": info.sample_rate, **(agent or {})}
         if dialect is Dialect.GA:
             return {
                 "type": "realtime",

@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
-from streamvox.server.realtime.endpoint import CANCEL_WAIT_S
+from streamvox.server.realtime.responses import CANCEL_WAIT_S
 from tests.helpers.audio import estimate_duration
 from tests.helpers.realtime_clients import DELTA_TYPES, RealtimeClient, audio_of, reference_pcm
 from tests.helpers.server import start_server
