@@ -36,9 +36,10 @@ from starlette.websockets import WebSocket
 from streamvox.agent.responder import Responder
 from streamvox.agent.turn_state import TurnState
 from streamvox.engine.client import AsyncEngine
+from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.realtime.conversation import validate_item
-from streamvox.server.realtime.protocol import Dialect, RealtimeError, apply_session_update
+from streamvox.server.realtime.protocol import Dialect, apply_session_update
 from streamvox.server.realtime.responses import Responses
 from streamvox.server.realtime.session import SessionState
 from streamvox.server.realtime.turns import AudioTurns, ThinkerReplies
@@ -118,15 +119,14 @@ class RealtimeSession:
             client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
             handler = self.handlers.get(event["type"])
             if handler is None:
-                raise RealtimeError(f"Unknown event type '{event['type']}'.", code="unknown_event_type",
-                                    param="type")
+                raise APIError(400, f"Unknown event type '{event['type']}'.", param="type", code="unknown_event_type")
             await handler(event)
-        except (RealtimeError, FrameError) as error:
+        except (APIError, FrameError) as error:
             await self.state.send_error(error, client_event_id)
         except Exception:  # a bug must not end the session
             log.exception("realtime event handler failed")
-            await self.state.send_error(RealtimeError("The server failed to handle the event.", "server_error",
-                                                      error_type="server_error"), client_event_id)
+            await self.state.send_error(APIError(500, "The server failed to handle the event.",
+                                                 code="server_error"), client_event_id)
 
     async def _watch_idle(self) -> None:
         timeout = self.idle_timeout_s
@@ -134,8 +134,8 @@ class RealtimeSession:
             await asyncio.sleep(min(1.0, timeout / 4))
             idle_since = max(self.last_activity, self.responses.ended_at)
             if self.responses.current is None and time.monotonic() - idle_since > timeout:
-                await self.state.send_error(RealtimeError(
-                    f"The session was idle for {timeout:g} s and is closed.", "idle_timeout"), None)
+                await self.state.send_error(APIError(400, f"The session was idle for {timeout:g} s and is closed.",
+                                                     code="idle_timeout"), None)
                 await self.state.sender.close(1000, "idle timeout")
                 return
 
@@ -150,19 +150,19 @@ class RealtimeSession:
         s = self.state
         audio = event.get("audio")
         if not isinstance(audio, str):
-            raise RealtimeError("'audio' must be a base64 string.", param="audio", code="missing_required_parameter")
+            raise APIError(400, "'audio' must be a base64 string.", param="audio", code="missing_required_parameter")
         try:
             data = (await asyncio.to_thread(base64.b64decode, audio, validate=True) if len(audio) > OFFLOAD_BYTES
                     else base64.b64decode(audio, validate=True))
         except (binascii.Error, ValueError) as exc:
-            raise RealtimeError("'audio' is not valid base64.", param="audio") from exc
+            raise APIError(400, "'audio' is not valid base64.", param="audio") from exc
         fmt = s.config.input_format
         if fmt.encoding == "pcm16" and len(data) % 2:
-            raise RealtimeError("pcm16 audio must hold a whole number of 2-byte samples.", param="audio")
+            raise APIError(400, "pcm16 audio must hold a whole number of 2-byte samples.", param="audio")
         limit = fmt.bytes_per_second * MAX_INPUT_AUDIO_SECONDS
         if len(s.input_audio) + len(data) > limit:
-            raise RealtimeError(f"The input audio buffer would exceed {MAX_INPUT_AUDIO_SECONDS // 60} minutes of "
-                                "audio; commit or clear it first.", code="input_audio_buffer_full", param="audio")
+            raise APIError(400, f"The input audio buffer would exceed {MAX_INPUT_AUDIO_SECONDS // 60} minutes of "
+                                "audio; commit or clear it first.", param="audio", code="input_audio_buffer_full")
         s.input_audio += data  # upstream sends no acknowledgement
         await self.audio_turns.on_input_audio(data)
 
@@ -194,18 +194,18 @@ class RealtimeSession:
         item = s.conversation.get(event.get("item_id"))
         content_index, audio_end_ms = event.get("content_index", 0), event.get("audio_end_ms")
         if item.get("role") != "assistant":
-            raise RealtimeError("Only assistant messages can be truncated.", param="item_id")
+            raise APIError(400, "Only assistant messages can be truncated.", param="item_id")
         if isinstance(content_index, bool) or not isinstance(content_index, int) \
                 or not 0 <= content_index < len(item["content"]) \
                 or item["content"][content_index].get("type") not in ("output_audio", "audio"):
-            raise RealtimeError("'content_index' must point at an audio content part.", param="content_index")
+            raise APIError(400, "'content_index' must point at an audio content part.", param="content_index")
         if isinstance(audio_end_ms, bool) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
-            raise RealtimeError("'audio_end_ms' must be a non-negative integer.", param="audio_end_ms",
-                                code="missing_required_parameter" if audio_end_ms is None else "invalid_value")
+            raise APIError(400, "'audio_end_ms' must be a non-negative integer.", param="audio_end_ms",
+                           code="missing_required_parameter" if audio_end_ms is None else "invalid_value")
         available = s.conversation.audio_ms.get(item["id"], 0)
         if audio_end_ms > available:
-            raise RealtimeError(f"The item holds {available} ms of audio, less than audio_end_ms={audio_end_ms}.",
-                                param="audio_end_ms")
+            raise APIError(400, f"The item holds {available} ms of audio, less than audio_end_ms={audio_end_ms}.",
+                           param="audio_end_ms")
         s.conversation.audio_ms[item["id"]] = audio_end_ms
         item["content"][content_index]["transcript"] = ""  # upstream drops the transcript of truncated audio
         await s.send("conversation.item.truncated", item_id=item["id"], content_index=content_index,
@@ -220,9 +220,8 @@ class RealtimeSession:
         response_id = event.get("response_id")
         current = self.responses.current
         if current is None or (response_id is not None and response_id != current.id):
-            raise RealtimeError("There is no active response to cancel" + (
-                f" with id {response_id!r}." if response_id is not None else "."),
-                code="response_cancel_not_active")
+            raise APIError(400, "There is no active response to cancel" + (
+                f" with id {response_id!r}." if response_id is not None else "."), code="response_cancel_not_active")
         await self.responses.stop("client_cancelled")
 
     async def output_audio_clear(self, event: dict) -> None:

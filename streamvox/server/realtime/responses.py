@@ -24,10 +24,10 @@ from streamvox.agent.turn_state import ThinkerReply
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import SLOW_CONSUMER, EngineError, new_request_id
 from streamvox.server.audio_out import AudioOut, SpeechResult, SpeechStats
+from streamvox.server.errors import APIError
 from streamvox.server.realtime.protocol import (
     AudioFormat,
     Dialect,
-    RealtimeError,
     assistant_content_type,
     item_text,
     new_id,
@@ -149,12 +149,12 @@ class Responses:
     # starting and stopping
 
     def parse(self, params: object) -> Response:
-        """A `response.create`'s `response` -> a Response to run; raises `RealtimeError`."""
+        """A `response.create`'s `response` -> a Response to run; raises `APIError`."""
         s = self.session
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            raise RealtimeError("'response' must be an object.", param="response")
+            raise APIError(400, "'response' must be an object.", param="response")
         config = s.config
         audio, modalities = config.audio_output, config.modalities(s.dialect)
         for key in ("output_modalities", "modalities"):
@@ -174,10 +174,10 @@ class Responses:
             output_format = AudioFormat.parse(params["output_audio_format"], "response.output_audio_format")
         conversation = params.get("conversation", "auto")
         if conversation not in ("auto", "none"):
-            raise RealtimeError("'response.conversation' must be 'auto' or 'none'.", param="response.conversation")
+            raise APIError(400, "'response.conversation' must be 'auto' or 'none'.", param="response.conversation")
         metadata = params.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise RealtimeError("'response.metadata' must be an object.", param="response.metadata")
+            raise APIError(400, "'response.metadata' must be an object.", param="response.metadata")
         response = Response(id=new_id("resp"), item_id=new_id("item"), voice=voice, speed=config.speed,
                             output_format=output_format, audio=audio, in_conversation=conversation == "auto",
                             metadata=metadata, modalities=modalities)
@@ -186,8 +186,8 @@ class Responses:
         else:
             response.text = self._echo_script(params)
             if len(response.text) > MAX_RESPONSE_CHARS:
-                raise RealtimeError(f"The text to speak is longer than {MAX_RESPONSE_CHARS} characters.",
-                                    param="response")
+                raise APIError(400, f"The text to speak is longer than {MAX_RESPONSE_CHARS} characters.",
+                               param="response")
         return response
 
     def _echo_script(self, params: dict) -> str:
@@ -200,7 +200,7 @@ class Responses:
                 return (user or [text for _, text in texts])[-1]
         instructions = params.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
-            raise RealtimeError("'response.instructions' must be a string.", param="response.instructions")
+            raise APIError(400, "'response.instructions' must be a string.", param="response.instructions")
         if instructions and instructions.strip():
             return instructions.strip()
         return self.session.conversation.latest_user_text()

@@ -10,9 +10,10 @@ from __future__ import annotations
 from starlette.websockets import WebSocket
 
 from streamvox.engine.client import AsyncEngine
+from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.realtime.conversation import Conversation
-from streamvox.server.realtime.protocol import Dialect, RealtimeError, SessionConfig, default_config, event_name, new_id
+from streamvox.server.realtime.protocol import Dialect, SessionConfig, default_config, event_name, new_id
 from streamvox.server.websocket import FrameError, Sender
 
 
@@ -35,9 +36,10 @@ class SessionState:
         """A server event whose name differs between the dialects (see `protocol.event_name`)."""
         return event_name(self.dialect, key)
 
-    async def send_error(self, error: RealtimeError | FrameError, client_event_id: str | None) -> None:
+    async def send_error(self, error: APIError | FrameError, client_event_id: str | None) -> None:
+        """An `error` event: the client's mistake, or with a 5xx status the server's; the session goes on."""
         param = getattr(error, "param", None)
-        error_type = getattr(error, "error_type", "invalid_request_error")
+        error_type = "server_error" if getattr(error, "status", 400) >= 500 else "invalid_request_error"
         await self.send("error", error={"type": error_type, "code": error.code, "message": error.message,
                                         "param": param, "event_id": client_event_id})
 

@@ -30,7 +30,8 @@ from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import EngineError, new_request_id
 from streamvox.server.audio_out import AudioOut, SpeechStats
-from streamvox.server.realtime.protocol import AudioFormat, RealtimeError, item_text, new_id
+from streamvox.server.errors import APIError
+from streamvox.server.realtime.protocol import AudioFormat, item_text, new_id
 from streamvox.server.realtime.responses import (
     Outcome,
     Response,
@@ -90,7 +91,7 @@ class ThinkerReplies:
         items = self.session.conversation.input_items(params.get("input"), resolve=False)
         instructions = params.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
-            raise RealtimeError("'response.instructions' must be a string.", param="response.instructions")
+            raise APIError(400, "'response.instructions' must be a string.", param="response.instructions")
         response.thinker = ThinkerReply(
             instructions=instructions if instructions is not None else self.session.config.instructions,
             input_items=items)
@@ -231,12 +232,12 @@ class AudioTurns:
         """Make the input buffer a user audio item and transcribe it in the background."""
         s = self.session
         if not s.input_audio:
-            raise RealtimeError("The input audio buffer is empty; append audio before committing.",
-                                code="input_audio_buffer_commit_empty")
+            raise APIError(400, "The input audio buffer is empty; append audio before committing.",
+                           code="input_audio_buffer_commit_empty")
         if self.transcriber is None:
             seconds = len(s.input_audio) / s.config.input_format.bytes_per_second
-            raise RealtimeError(
-                f"This server has no speech recogniser or thinker configured, so the {seconds:.2f} s of committed "
+            raise APIError(
+                400, f"This server has no speech recogniser or thinker configured, so the {seconds:.2f} s of committed "
                 "audio cannot become a user turn. Send text with conversation.item.create instead. The buffer is "
                 "unchanged; input_audio_buffer.clear empties it.", code="input_audio_not_supported")
         data, s.input_audio = bytes(s.input_audio), bytearray()
@@ -294,7 +295,7 @@ class AudioTurns:
         try:
             settings = VadSettings.from_turn_detection(config)
         except ValueError as exc:
-            raise RealtimeError(f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
+            raise APIError(400, f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
         for event in turns.vad_for(settings, s.config.input_format.rate).process(data):
             if event.kind == "speech_started":
                 turns.speech_item_id = new_id("item")
