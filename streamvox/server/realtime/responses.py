@@ -5,7 +5,8 @@ A response runs in a task of its own and streams its content while the session r
 task alone, in the upstream order. At most one response runs per session.
 
 Without a thinker the content comes from the echo responder: it speaks (or writes) the response's input
-items, else its instructions, else the latest user text. With one, `Thinking` (turns.py) writes it.
+items, else its instructions, else the latest user text. With one, `turns.ThinkerReplies` writes it, handed
+in as a `Thinking` so that this module does not import turns.py (which imports it).
 """
 
 from __future__ import annotations
