@@ -23,12 +23,6 @@ WHISPER_RATE = 16000
 WINDOW_S = 30
 
 
-class TranscriberError(StageError):
-    """Speech recognition failed."""
-
-    default_code = "transcription_failed"
-
-
 class Transcriber:
     name = "asr"
     model = ""
@@ -70,7 +64,7 @@ class VLLMWhisper(VLLMStage, Transcriber):
             from vllm import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
-            raise TranscriberError(f"--asr needs vLLM: pip install -e '.[llm]' ({exc})", "vllm_missing") from exc
+            raise StageError(f"--asr needs vLLM: pip install -e '.[llm]' ({exc})", "vllm_missing") from exc
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         args = AsyncEngineArgs(model=self.model, dtype=self.dtype, enforce_eager=self.enforce_eager,
                                max_num_seqs=4, disable_log_stats=True, limit_mm_per_prompt={"audio": 1})

@@ -1,14 +1,12 @@
-"""The failure of a voice-agent stage, carrying the `code` of the error event a client receives."""
+"""The failure of a voice-agent stage (the thinker or the speech recogniser)."""
 
 from __future__ import annotations
 
 
 class StageError(Exception):
-    """A stage failed; `code` defaults to the stage's own (`default_code`)."""
+    """A stage failed; `code` is what the client's error object carries (e.g. "thinker_failed")."""
 
-    default_code = "stage_failed"
-
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code or self.default_code
+        self.code = code

@@ -8,47 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from streamvox.agent.asr import Transcriber, VLLMWhisper
 from streamvox.agent.history import truncate_history
-from streamvox.agent.thinker import OpenAIChatThinker, Thinker, ThinkerSettings, VLLMThinker
+from streamvox.agent.thinker import OpenAIChatThinker, Thinker, VLLMThinker
+from streamvox.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    llm: str | None = None  # local dir or repo id, run by vLLM in this process
-    llm_url: str | None = None  # external OpenAI-compatible endpoint
-    llm_model: str | None = None  # model name at llm_url (default: its first)
-    llm_api_key: str | None = None
-    asr: str | None = None  # Whisper-family dir or repo id, run by vLLM
-    max_tokens: int = 256
-    context_tokens: int = 2048
-    temperature: float = 0.7
-    seed: int | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.llm or self.llm_url or self.asr)
-
-
 class Responder:
+    """The stages a server was started with (`AgentSettings`): started, measured and shut down together."""
+
     def __init__(self, settings: AgentSettings) -> None:
         if settings.llm and settings.llm_url:
             raise ValueError("give --llm or --llm-url, not both")
         self.settings = settings
-        thinker_settings = ThinkerSettings(max_tokens=settings.max_tokens, temperature=settings.temperature,
-                                           seed=settings.seed, context_tokens=settings.context_tokens)
         self.thinker: Thinker | None = None
         if settings.llm:
-            self.thinker = VLLMThinker(settings.llm, thinker_settings,
+            self.thinker = VLLMThinker(settings.llm, settings,
                                        max_model_len=max(settings.context_tokens + settings.max_tokens, 512))
         elif settings.llm_url:
-            self.thinker = OpenAIChatThinker(settings.llm_url, thinker_settings, model=settings.llm_model,
+            self.thinker = OpenAIChatThinker(settings.llm_url, settings, model=settings.llm_model,
                                              api_key=settings.llm_api_key)
         self.transcriber: Transcriber | None = VLLMWhisper(settings.asr) if settings.asr else None
 

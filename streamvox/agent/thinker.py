@@ -1,14 +1,16 @@
 """The thinker: an LLM whose token stream is spoken as it is generated.
 
 Two implementations behind one interface, `Thinker.stream(messages, request_id)`, an async iterator of text
-deltas that stops (and frees the LLM's state for the request) when the consumer stops iterating or calls
-`abort`:
+deltas that stops (and frees the LLM's state for the request) when the consumer stops iterating:
 
 - `VLLMThinker`: vLLM's `AsyncLLM` in this process (its engine core runs in a process of its own), for
   `streamvox serve --llm DIR_OR_REPO`. vLLM is an optional extra (`pip install -e '.[llm]'`) and is imported
   only here, only when asked for.
 - `OpenAIChatThinker`: any OpenAI-compatible `/v1/chat/completions` endpoint with `stream: true`, for
   `--llm-url`.
+
+A thinker fails with a `StageError` whose code is "thinker_failed", "thinker_unavailable" (the endpoint cannot
+be reached) or "vllm_missing".
 """
 
 from __future__ import annotations
@@ -19,48 +21,29 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 import httpx
 
 from streamvox.agent.errors import StageError
 from streamvox.agent.vllm_engine import VLLMEngine, VLLMStage
+from streamvox.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 256
-DEFAULT_CONTEXT_TOKENS = 2048
-
-
-class ThinkerError(StageError):
-    """The LLM failed or could not be reached."""
-
-    default_code = "thinker_failed"
-
-
-@dataclass(frozen=True)
-class ThinkerSettings:
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 0.7
-    top_p: float = 0.95
-    seed: int | None = None
-    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # history budget (prompt tokens), older turns dropped first
+TOP_P = 0.95
 
 
 class Thinker:
-    """Interface. Subclasses implement `start`, `stream`, `abort`, `count_tokens`, `shutdown`."""
+    """Interface. Subclasses implement `start`, `stream`, `count_tokens`, `shutdown`."""
 
     name = "thinker"
-    settings: ThinkerSettings
+    settings: AgentSettings
 
     async def start(self) -> None:
         pass
 
     def stream(self, messages: list[dict], request_id: str, max_tokens: int | None = None) -> AsyncIterator[str]:
         raise NotImplementedError
-
-    async def abort(self, request_id: str) -> None:
-        pass
 
     def count_tokens(self, text: str) -> int:
         return max(1, len(text) // 4)
@@ -84,7 +67,7 @@ class VLLMThinker(VLLMStage, Thinker):
 
     name = "vllm"
 
-    def __init__(self, model: str, settings: ThinkerSettings, *, max_model_len: int = 4096,
+    def __init__(self, model: str, settings: AgentSettings, *, max_model_len: int = 4096,
                  dtype: str = "auto", enforce_eager: bool = True) -> None:
         self.model = model
         self.settings = settings
@@ -99,7 +82,7 @@ class VLLMThinker(VLLMStage, Thinker):
             from vllm import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
-            raise ThinkerError("--llm needs vLLM: pip install -e '.[llm]' (or scripts/setup_vllm_venv.sh DIR), "
+            raise StageError("--llm needs vLLM: pip install -e '.[llm]' (or scripts/setup_vllm_venv.sh DIR), "
                                f"or use --llm-url with an OpenAI-compatible server ({exc})", "vllm_missing") from exc
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         args = AsyncEngineArgs(model=self.model, max_model_len=self.max_model_len, dtype=self.dtype,
@@ -125,15 +108,11 @@ class VLLMThinker(VLLMStage, Thinker):
         from vllm.sampling_params import RequestOutputKind
 
         s = self.settings
-        params = SamplingParams(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+        params = SamplingParams(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, top_p=TOP_P,
                                 seed=s.seed, output_kind=RequestOutputKind.DELTA)
         async with aclosing(self.engine.deltas(self._prompt(messages), params, request_id)) as deltas:
             async for delta in deltas:
                 yield delta
-
-    async def abort(self, request_id: str) -> None:
-        if self.engine is not None:
-            await self.engine.abort(request_id)
 
 
 async def _get_tokenizer(llm):
@@ -148,7 +127,7 @@ class OpenAIChatThinker(Thinker):
 
     name = "openai-chat"
 
-    def __init__(self, base_url: str, settings: ThinkerSettings, *, model: str | None = None,
+    def __init__(self, base_url: str, settings: AgentSettings, *, model: str | None = None,
                  api_key: str | None = None, timeout_s: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
@@ -169,14 +148,14 @@ class OpenAIChatThinker(Thinker):
                 response.raise_for_status()
                 self.model = response.json()["data"][0]["id"]
             except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-                raise ThinkerError(f"Could not list the models of {self.base_url}: {exc}. Pass --llm-model.",
+                raise StageError(f"Could not list the models of {self.base_url}: {exc}. Pass --llm-model.",
                                    "thinker_unavailable") from exc
 
     async def stream(self, messages: list[dict], request_id: str,
                      max_tokens: int | None = None) -> AsyncIterator[str]:
         s = self.settings
         body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens or s.max_tokens,
-                "temperature": s.temperature, "top_p": s.top_p}
+                "temperature": s.temperature, "top_p": TOP_P}
         if s.seed is not None:
             body["seed"] = s.seed
         self._active.add(request_id)
@@ -185,7 +164,7 @@ class OpenAIChatThinker(Thinker):
                                           headers={"X-Request-Id": request_id}) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")[:500]
-                    raise ThinkerError(f"The LLM endpoint answered {response.status_code}: {text}")
+                    raise StageError(f"The LLM endpoint answered {response.status_code}: {text}", "thinker_failed")
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -197,12 +176,12 @@ class OpenAIChatThinker(Thinker):
                     except ValueError:
                         continue
                     if "error" in chunk:
-                        raise ThinkerError(f"The LLM endpoint failed: {chunk['error']}")
+                        raise StageError(f"The LLM endpoint failed: {chunk['error']}", "thinker_failed")
                     for choice in chunk.get("choices") or []:
                         if delta := (choice.get("delta") or {}).get("content"):
                             yield delta
         except httpx.HTTPError as exc:
-            raise ThinkerError(f"The LLM endpoint {self.base_url} failed: {exc!r}", "thinker_unavailable") from exc
+            raise StageError(f"The LLM endpoint {self.base_url} failed: {exc!r}", "thinker_unavailable") from exc
         finally:
             # Leaving the `async with` closes the HTTP stream: the endpoint sees the disconnect and aborts.
             self._active.discard(request_id)

@@ -58,6 +58,7 @@ class VadEvent:
 class EnergyVad:
     def __init__(self, settings: VadSettings, sample_rate: int) -> None:
         self.settings = settings
+        self.sample_rate = sample_rate
         self.frame = sample_rate * FRAME_MS // 1000
         self.pending = np.zeros(0, dtype=np.float32)
         self.position_ms = 0

@@ -32,10 +32,6 @@ class VLLMEngine:
             if not finished:
                 await self.llm.abort(request_id)
 
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._active:
-            await self.llm.abort(request_id)
-
     @property
     def active_requests(self) -> int:
         """Requests the engine still holds (unfinished or not yet freed)."""

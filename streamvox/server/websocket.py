@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -17,10 +16,6 @@ log = logging.getLogger(__name__)
 # Frames larger than this are decoded in a worker thread, not on the event loop.
 OFFLOAD_BYTES = 1 << 20
 
-# The name the Realtime endpoint catches a bad frame by.
-FrameError = APIError
-
-
 def accepted_subprotocol(websocket: WebSocket, preferred: str | None = None) -> str | None:
     """The subprotocol to echo: a browser refuses the connection unless one it offered comes back.
 
@@ -32,14 +27,6 @@ def accepted_subprotocol(websocket: WebSocket, preferred: str | None = None) -> 
         return preferred
     plain = [p for p in offered if not p.startswith("openai-insecure-api-key.")]
     return (plain or offered or [None])[0]
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A duration limit from the environment (lets tests and deployments shorten or lengthen it)."""
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def text_size(text: str) -> int:

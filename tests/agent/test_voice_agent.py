@@ -139,7 +139,23 @@ def check_response_flow(events: list) -> dict:
     assert names.count("response.output_audio_transcript.done") == 1
     spoken = next(e for e in events if e["type"] == "response.output_audio_transcript.done")["transcript"]
     assert spoken == transcript.strip()
+    # usage: the thinker's deltas out as text, the talker's deltas out as audio
+    usage = sent(done["response"]["usage"])
+    assert usage == expected_usage(usage["input_tokens"], len(text), len(audio)), usage
+    assert usage["input_tokens"] > 0
     return timings
+
+
+def sent(fields: dict) -> dict:
+    """`fields` without the None values the SDK's models add for fields the server did not send."""
+    return {k: sent(v) if isinstance(v, dict) else v for k, v in fields.items() if v is not None}
+
+
+def expected_usage(input_text: int, output_text: int, output_audio: int) -> dict:
+    return {"total_tokens": input_text + output_text + output_audio, "input_tokens": input_text,
+            "output_tokens": output_text + output_audio,
+            "input_token_details": {"text_tokens": input_text, "audio_tokens": 0, "cached_tokens": 0},
+            "output_token_details": {"text_tokens": output_text, "audio_tokens": output_audio}}
 
 
 # unit tests: history budget and VAD
@@ -260,6 +276,9 @@ async def test_llm_url_streams_thinker_into_talker(url_agent, chat_endpoint):
         events = await events_until(conn, "response.done")
         timings = check_response_flow(events)
         print("llm-url timings (ms):", timings)
+        # The prompt in tokens as the URL thinker counts them (4 characters a token): "You are terse." (3) and
+        # "Hello, who are you?" (4).
+        assert events[-1]["response"]["usage"]["input_tokens"] == 7
         stats = chat_stats(chat_endpoint)
         assert stats["running"] == 0
         first = stats["last_messages"]
@@ -326,9 +345,10 @@ async def test_llm_url_text_only_and_failure(url_agent):
         events = await events_until(conn, "response.done")
         names = types(events)
         assert "response.output_text.delta" in names and not any(n in AUDIO_DELTAS for n in names)
-        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-        assert next(e for e in events if e["type"] == "response.output_text.done")["text"] == text.strip()
+        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert next(e for e in events if e["type"] == "response.output_text.done")["text"] == "".join(deltas).strip()
         assert events[-1]["response"]["status"] == "completed"
+        assert sent(events[-1]["response"]["usage"]) == expected_usage(1, len(deltas), 0)  # "Hi." in, the deltas out
 
         # The endpoint fails: the response fails with a clear error and the session goes on.
         await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})

@@ -1,4 +1,5 @@
-"""OpenAI Realtime session state: the two dialects (GA and beta), session config, audio formats.
+"""The OpenAI Realtime protocol's vocabulary: the two dialects (GA and beta), event names, audio formats, the
+session config and its parsing, object ids.
 
 One connection speaks one dialect, chosen at connect time: beta when the client
 sent `OpenAI-Beta: realtime=v1`, GA otherwise. `session.update` accepts either
@@ -23,27 +24,15 @@ import numpy as np
 from streamvox.audio.formats import to_pcm16
 from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
 from streamvox.contract import ModelInfo
+from streamvox.server.errors import APIError
 
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_INSTRUCTIONS_CHARS = 32768
-# How the server produces a response's content. There is no thinker LLM yet: the
-# "echo" responder speaks the latest user text (or the response's own input).
-RESPONDER = "echo"
-
-
-class RealtimeError(Exception):
-    """A client mistake, answered with a non-fatal `error` event."""
-
-    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
-                 error_type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
-        self.error_type = error_type
 
 
 def new_id(prefix: str) -> str:
+    """A protocol object's id (session, conversation, item, response, event); engine requests get
+    `streamvox.engine.client.new_request_id`."""
     return f"{prefix}_{uuid.uuid4().hex[:22]}"
 
 
@@ -52,7 +41,7 @@ class Dialect(Enum):
     BETA = "beta"
 
 
-# Server event names that differ between the dialects (PROTOCOLS.md section 2).
+# Server event names that differ between the dialects (docs/realtime.md).
 _NAMES = {
     "audio.delta": ("response.output_audio.delta", "response.audio.delta"),
     "audio.done": ("response.output_audio.done", "response.audio.done"),
@@ -107,21 +96,20 @@ class AudioFormat:
         if isinstance(value, str):
             if value in ("pcm16", "g711_ulaw", "g711_alaw"):
                 return cls(value, 24000 if value == "pcm16" else 8000)
-            raise RealtimeError(f"'{param}' must be one of pcm16, g711_ulaw, g711_alaw; got '{value}'.",
-                                param=param)
+            raise APIError(400, f"'{param}' must be one of pcm16, g711_ulaw, g711_alaw; got '{value}'.", param=param)
         if not isinstance(value, dict):
-            raise RealtimeError(f"'{param}' must be an object like {{\"type\": \"audio/pcm\", \"rate\": 24000}}.",
-                                param=param)
+            raise APIError(400, f"'{param}' must be an object like {{\"type\": \"audio/pcm\", \"rate\": 24000}}.",
+                           param=param)
         kind = value.get("type", "audio/pcm")
         encodings = {v: k for k, v in cls._GA_TYPES.items()}
         if kind not in encodings:
-            raise RealtimeError(f"'{param}.type' must be audio/pcm, audio/pcmu or audio/pcma; got {kind!r}.",
-                                param=f"{param}.type")
+            raise APIError(400, f"'{param}.type' must be audio/pcm, audio/pcmu or audio/pcma; got {kind!r}.",
+                           param=f"{param}.type")
         if encodings[kind] != "pcm16":
             return cls(encodings[kind], 8000)
         rate = value.get("rate", 24000)
         if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
-            raise RealtimeError(f"'{param}.rate' must be an integer between {MIN_RATE} and {MAX_RATE} "
+            raise APIError(400, f"'{param}.rate' must be an integer between {MIN_RATE} and {MAX_RATE} "
                                 "(24000 is the upstream default).", param=f"{param}.rate")
         return cls("pcm16", rate)
 
@@ -152,9 +140,10 @@ class SessionConfig:
             return ["audio"] if self.audio_output else ["text"]
         return ["text", "audio"] if self.audio_output else ["text"]
 
-    def render(self, dialect: Dialect, session_id: str, info: ModelInfo) -> dict:
-        streamvox = {"responder": RESPONDER, "asr": None, "engine_model": info.name,
-                     "engine_sample_rate": info.sample_rate}
+    def render(self, dialect: Dialect, session_id: str, info: ModelInfo, agent: dict | None = None) -> dict:
+        """The session object; `agent`: what the voice agent says of itself (None: the echo responder, no ASR)."""
+        streamvox = {"responder": "echo", "asr": None, "engine_model": info.name,
+                     "engine_sample_rate": info.sample_rate, **(agent or {})}
         if dialect is Dialect.GA:
             return {
                 "type": "realtime",
@@ -209,19 +198,19 @@ def parse_voice(value: object, info: ModelInfo, param: str) -> str:
     if isinstance(value, dict):  # GA also takes {"id": "voice_..."}
         value = value.get("id")
     if not isinstance(value, str) or value not in info.voices:
-        raise RealtimeError(f"Unknown voice {value!r} for model '{info.name}'. GET /v1/audio/voices lists them.",
-                            param=param)
+        raise APIError(400, f"Unknown voice {value!r} for model '{info.name}'. GET /v1/audio/voices lists them.",
+                       param=param)
     return value
 
 
 def parse_speed(value: object, info: ModelInfo, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):  # math.isfinite overflows on huge ints
-        raise RealtimeError(f"'{param}' must be a number.", param=param)
+        raise APIError(400, f"'{param}' must be a number.", param=param)
     if not 0.25 <= value <= 4.0:
-        raise RealtimeError(f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)
+        raise APIError(400, f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)
     if value != 1.0 and not info.native_speed:
-        raise RealtimeError(f"Model '{info.name}' does not support '{param}' other than 1.0.", param=param)
+        raise APIError(400, f"Model '{info.name}' does not support '{param}' other than 1.0.", param=param)
     return float(value)
 
 
@@ -229,31 +218,31 @@ def parse_modalities(value: object, param: str) -> tuple[bool, bool]:
     """-> (audio_output, text_output)."""
     if not isinstance(value, list) or not value or not set(value) <= {"text", "audio"} \
             or not all(isinstance(v, str) for v in value):
-        raise RealtimeError(f"'{param}' must be a non-empty list of 'text' and/or 'audio'.", param=param)
+        raise APIError(400, f"'{param}' must be a non-empty list of 'text' and/or 'audio'.", param=param)
     return "audio" in value, "text" in value
 
 
 def _optional_dict(value: object, param: str) -> dict | None:
     if value is not None and not isinstance(value, dict):
-        raise RealtimeError(f"'{param}' must be an object or null.", param=param)
+        raise APIError(400, f"'{param}' must be an object or null.", param=param)
     return value
 
 
 def apply_session_update(config: SessionConfig, session: object, info: ModelInfo) -> SessionConfig:
-    """A new config with `session` (GA or beta shape) applied; raises `RealtimeError`, changing nothing."""
+    """A new config with `session` (GA or beta shape) applied; raises `APIError`, changing nothing."""
     if not isinstance(session, dict):
-        raise RealtimeError("'session' must be an object.", param="session", code="missing_required_parameter")
+        raise APIError(400, "'session' must be an object.", param="session", code="missing_required_parameter")
     changes: dict = {}
     kind = session.get("type")
     if kind is not None and kind != "realtime":
-        raise RealtimeError(f"Session type {kind!r} is not supported here; use 'realtime'.", param="session.type")
+        raise APIError(400, f"Session type {kind!r} is not supported here; use 'realtime'.", param="session.type")
     if (model := session.get("model")) is not None:
         if not isinstance(model, str):
-            raise RealtimeError("'session.model' must be a string.", param="session.model")
+            raise APIError(400, "'session.model' must be a string.", param="session.model")
         changes["model"] = model
     if (instructions := session.get("instructions")) is not None:
         if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS_CHARS:
-            raise RealtimeError(f"'session.instructions' must be a string of at most {MAX_INSTRUCTIONS_CHARS} "
+            raise APIError(400, f"'session.instructions' must be a string of at most {MAX_INSTRUCTIONS_CHARS} "
                                 "characters.", param="session.instructions")
         changes["instructions"] = instructions
     for key in ("output_modalities", "modalities"):
@@ -278,12 +267,12 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
     audio = session.get("audio")
     if audio is not None:
         if not isinstance(audio, dict):
-            raise RealtimeError("'session.audio' must be an object.", param="session.audio")
+            raise APIError(400, "'session.audio' must be an object.", param="session.audio")
         audio_in = audio.get("input") or {}
         audio_out = audio.get("output") or {}
         if not isinstance(audio_in, dict) or not isinstance(audio_out, dict):
-            raise RealtimeError("'session.audio.input' and 'session.audio.output' must be objects.",
-                                param="session.audio")
+            raise APIError(400, "'session.audio.input' and 'session.audio.output' must be objects.",
+                           param="session.audio")
         if (fmt := audio_in.get("format")) is not None:
             changes["input_format"] = AudioFormat.parse(fmt, "session.audio.input.format")
         for key in ("turn_detection", "transcription", "noise_reduction"):
@@ -299,7 +288,7 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
     # accepted and echoed, not acted on
     if (tools := session.get("tools")) is not None:
         if not isinstance(tools, list):
-            raise RealtimeError("'session.tools' must be a list.", param="session.tools")
+            raise APIError(400, "'session.tools' must be a list.", param="session.tools")
         changes["tools"] = tools
     if "tool_choice" in session:
         changes["tool_choice"] = session["tool_choice"]
@@ -307,12 +296,12 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
         changes["tracing"] = session["tracing"]
     if (temperature := session.get("temperature")) is not None:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise RealtimeError("'session.temperature' must be a number.", param="session.temperature")
+            raise APIError(400, "'session.temperature' must be a number.", param="session.temperature")
         changes["temperature"] = float(temperature)
     for key in ("max_output_tokens", "max_response_output_tokens"):
         if (limit := session.get(key)) is not None:
             if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise RealtimeError(f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
+                raise APIError(400, f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
             changes["max_output_tokens"] = limit
     return replace(config, **changes)
 

@@ -1,7 +1,4 @@
-"""Voice-agent turns on `/v1/realtime`: thinker responses, transcribed audio turns, server VAD and barge-in.
-
-`openai_realtime.RealtimeSession` calls these functions when the server has a `Responder` with a thinker and/or
-a transcriber; without them it keeps its echo behaviour. Kept apart from the protocol code on purpose.
+"""Voice-agent turns on `/v1/realtime`: thinker responses, input audio turns (transcribed), server VAD and barge-in.
 
 A thinker response runs two things at once: the thinker's token stream, each delta fed into the talker
 (`engine.feed_text`) and sent as a transcript delta as soon as it is generated, and the talker's audio, sent
@@ -9,6 +6,10 @@ as audio deltas as soon as they are decoded. So speech starts after the first cl
 has finished; `engine.end_input` marks the text done when the thinker finishes. Cancelling the response
 (`response.cancel`, a new `response.create`, or speech starting under server VAD) cancels the talker request
 and closes the thinker's stream, which aborts its LLM request.
+
+Committed input audio becomes a user item whose transcript arrives in the background (a thinker response
+waits for the transcriptions in flight). Server VAD commits the turn when the user stops speaking and stops
+the running response when they start again.
 """
 
 from __future__ import annotations
@@ -17,33 +18,38 @@ import asyncio
 import logging
 import time
 from contextlib import aclosing
-from typing import TYPE_CHECKING
 
 import numpy as np
-import pybase64
 
-from streamvox.agent.asr import TranscriberError
+from streamvox.agent.asr import Transcriber
 from streamvox.agent.errors import StageError
-from streamvox.agent.thinker import ThinkerError
-from streamvox.agent.vad import EnergyVad, VadSettings
+from streamvox.agent.responder import Responder
+from streamvox.agent.turn_state import ThinkerReply, TurnState
+from streamvox.agent.vad import VadSettings
 from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
-from streamvox.audio.resample import Resampler
 from streamvox.contract import SpeechRequest
-from streamvox.engine.events import SLOW_CONSUMER, AudioChunk, Done, EngineError
-from streamvox.server.audio_out import SpeechStats
-from streamvox.server.realtime.protocol import RealtimeError, event_name, item_text, new_id
-
-if TYPE_CHECKING:
-    from streamvox.server.realtime.endpoint import RealtimeSession, Response
+from streamvox.engine.client import new_request_id
+from streamvox.engine.events import EngineError
+from streamvox.server.audio_out import AudioOut, SpeechStats
+from streamvox.server.errors import APIError
+from streamvox.server.realtime.protocol import AudioFormat, item_text, new_id
+from streamvox.server.realtime.responses import (
+    Outcome,
+    Response,
+    Responses,
+    audio_status,
+    cancelled,
+    failed,
+    send_audio,
+    usage,
+)
+from streamvox.server.realtime.session import SessionState
 
 log = logging.getLogger(__name__)
 
 
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 1)
-
-
-# conversation -> chat messages
 
 
 def chat_history(items: list[dict]) -> list[dict]:
@@ -61,63 +67,6 @@ def chat_history(items: list[dict]) -> list[dict]:
     return messages
 
 
-async def _thinker_messages(s: RealtimeSession, r: Response) -> list[dict]:
-    await wait_for_transcriptions(s)
-    if r.input_items is not None:
-        items = []
-        for i, entry in enumerate(r.input_items):
-            if isinstance(entry, dict) and entry.get("type") == "item_reference":
-                items.append(s.conversation.get(entry.get("id"), f"response.input[{i}].id"))
-            else:
-                items.append(entry)
-    else:
-        items = [item for item in s.conversation.items if item["id"] != r.item_id]
-    return s.responder.messages(chat_history(items), r.instructions)
-
-
-# thinker responses
-
-
-async def _pump_thinker(s: RealtimeSession, r: Response, messages: list[dict], ids: dict, spoken: list[str],
-                        t0: float, feed: bool) -> None:
-    """Thinker deltas -> talker text and transcript (or text) deltas; end the talker's input when done."""
-    thinker = s.responder.thinker
-    timings = r.extra["timings_ms"]
-    name = event_name(s.dialect, "transcript.delta" if r.audio else "text.delta")
-    max_tokens = s.responder.settings.max_tokens
-    if isinstance(s.config.max_output_tokens, int):
-        max_tokens = min(max_tokens, s.config.max_output_tokens)
-    r.extra["thinker"] = {"request_id": r.request_id + "-think", "deltas": 0, "state": "running",
-                          "max_tokens": max_tokens}
-    try:
-        async with aclosing(thinker.stream(messages, r.request_id + "-think", max_tokens)) as deltas:
-            async for delta in deltas:
-                if not spoken:
-                    timings["thinker_first_token"] = _ms(t0)
-                spoken.append(delta)
-                r.extra["thinker"]["deltas"] += 1
-                if feed:
-                    s.engine.feed_text(r.request_id, delta)
-                await s.send(name, **ids, delta=delta)
-        timings["thinker_done"] = _ms(t0)
-        r.extra["thinker"]["state"] = "finished"
-    except asyncio.CancelledError:
-        r.extra["thinker"]["state"] = "aborted"
-        timings["thinker_aborted"] = _ms(t0)
-        raise
-    except Exception as error:  # ThinkerError, or whatever the LLM engine raised (a prompt too long, ...)
-        if not isinstance(error, ThinkerError):
-            log.exception("thinker failed")
-            error = ThinkerError(f"The thinker failed: {error}")
-        r.extra["thinker"]["state"] = "failed"
-        r.thinker_error = error
-        if feed:
-            s.engine.cancel(r.request_id, EngineError(error.message, error.code))
-        return
-    if feed:
-        s.engine.end_input(r.request_id)
-
-
 async def _stop_pump(pump: asyncio.Task) -> None:
     if not pump.done():
         pump.cancel()
@@ -130,230 +79,238 @@ async def _stop_pump(pump: asyncio.Task) -> None:
         log.exception("thinker pump failed")
 
 
-def failure_details(error: EngineError | StageError) -> dict:
-    return {"type": "failed", "error": {"type": "server_error", "code": error.code, "message": error.message}}
+class ThinkerReplies:
+    """Responses the thinker writes (`responses.Thinking`): spoken as it writes them, or sent as text."""
 
+    def __init__(self, session: SessionState, responder: Responder, turns: TurnState) -> None:
+        self.session = session
+        self.responder = responder
+        self.thinker = responder.thinker
+        self.turns = turns
 
-def _usage(input_tokens: int, text_out: int, audio_out: int) -> dict:
-    return {"total_tokens": input_tokens + text_out + audio_out, "input_tokens": input_tokens,
-            "output_tokens": text_out + audio_out,
-            "input_token_details": {"text_tokens": input_tokens, "audio_tokens": 0, "cached_tokens": 0},
-            "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out}}
+    def prepare(self, response: Response, params: dict) -> None:
+        items = self.session.conversation.input_items(params.get("input"), resolve=False)
+        instructions = params.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise APIError(400, "'response.instructions' must be a string.", param="response.instructions")
+        response.thinker = ThinkerReply(
+            instructions=instructions if instructions is not None else self.session.config.instructions,
+            input_items=items)
 
+    async def _messages(self, r: Response) -> list[dict]:
+        """The thinker's prompt, once the turn's pending transcriptions are done."""
+        await self.turns.transcribed()
+        conversation = self.session.conversation
+        if r.thinker.input_items is not None:
+            items = conversation.resolve(r.thinker.input_items)
+        else:
+            items = [item for item in conversation.items if item["id"] != r.item_id]
+        return self.responder.messages(chat_history(items), r.thinker.instructions)
 
-async def think_and_speak(s: RealtimeSession, r: Response, ids: dict) -> tuple[str, dict | None, dict, str]:
-    """A thinker response with audio: (status, status_details, usage, transcript)."""
-    t0 = time.perf_counter()
-    r.extra["timings_ms"] = {}
-    timings = r.extra["timings_ms"]
-    messages = await _thinker_messages(s, r)
-    timings["inputs_ready"] = _ms(t0)  # pending transcriptions of the turn are done
-    n_in = sum(s.responder.thinker.count_tokens(m["content"]) for m in messages)
-    fmt = r.output_format
-    resampler = Resampler(s.info.sample_rate, fmt.rate)
-    stats = SpeechStats(s.metrics, "realtime")
-    delta_name = event_name(s.dialect, "audio.delta")
-    spoken: list[str] = []
-    chunks, audio_bytes = 0, 0
-    status, details = "cancelled", None
-
-    async def send_audio(data: bytes) -> None:
-        nonlocal audio_bytes
-        if data:
-            if "first_audio" not in timings:
-                timings["first_audio"] = _ms(t0)
-            await s.send(delta_name, **ids, delta=pybase64.b64encode_as_string(data))
-            audio_bytes += len(data)
-            s.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
-
-    if r.cancel_reason is None:
-        request = SpeechRequest(request_id=r.request_id, text="", text_complete=False, voice=r.voice,
-                                speed=r.speed)
-        events = s.engine.submit(request)
-        first = asyncio.ensure_future(events.__anext__())
-        await asyncio.sleep(0)  # the submit generator registers the request before any text is fed
-        pump = asyncio.create_task(_pump_thinker(s, r, messages, ids, spoken, t0, feed=True))
+    async def _pump(self, r: Response, messages: list[dict], ids: dict, spoken: list[str], t0: float,
+                    feed: bool) -> None:
+        """Thinker deltas -> talker text (with `feed`) and transcript (or text) deltas; end the talker's input
+        when done."""
+        s, reply = self.session, r.thinker
+        timings = reply.report["timings_ms"]
+        name = s.event_name("transcript.delta" if r.audio else "text.delta")
+        max_tokens = self.responder.settings.max_tokens
+        if isinstance(s.config.max_output_tokens, int):
+            max_tokens = min(max_tokens, s.config.max_output_tokens)
+        request_id = r.request_id + "-think"
+        state = reply.report["thinker"] = {"request_id": request_id, "deltas": 0, "state": "running",
+                                           "max_tokens": max_tokens}
         try:
-            event = await first
-            while r.cancel_reason is None:
-                match event:
-                    case AudioChunk(pcm=pcm):
-                        chunks += 1
-                        stats.audio(len(pcm))
-                        await send_audio(fmt.encode(resampler.process(pcm)))
-                        if s.sender.stalled:
-                            status, details = "failed", failure_details(SLOW_CONSUMER)
-                            break
-                        await asyncio.sleep(0)  # let the reader see a cancel between deltas
-                    case Done(reason="cancelled"):
-                        break
-                    case Done() as done:
-                        await send_audio(fmt.encode(resampler.flush()))
-                        status = "completed" if done.reason == "stop" else "incomplete"
-                        if status == "incomplete":
-                            details = {"type": "incomplete", "reason": "max_output_tokens"}
-                        break
-                    case EngineError() as error:
-                        status, details = "failed", failure_details(error)
-                        break
-                event = await events.__anext__()
-        except StopAsyncIteration:
-            pass
-        finally:
-            if not first.done():
-                first.cancel()
-            await _stop_pump(pump)  # a no-op when the thinker already finished
-            await events.aclose()
-    if r.thinker_error is not None:
-        status, details = "failed", failure_details(r.thinker_error)
-    if status == "cancelled":
-        details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
-    timings["done"] = _ms(t0)
-    stats.end("ok" if status == "completed" else status, s.info.sample_rate)
-    return status, details, _usage(n_in, len(spoken), chunks), "".join(spoken).strip()
-
-
-async def think_text(s: RealtimeSession, r: Response, ids: dict) -> tuple[str, dict | None, dict, str]:
-    """A thinker response with text only."""
-    t0 = time.perf_counter()
-    r.extra["timings_ms"] = {}
-    messages = await _thinker_messages(s, r)
-    r.extra["timings_ms"]["inputs_ready"] = _ms(t0)
-    n_in = sum(s.responder.thinker.count_tokens(m["content"]) for m in messages)
-    spoken: list[str] = []
-    status, details = "cancelled", None
-    if r.cancel_reason is None:
-        pump = asyncio.create_task(_pump_thinker(s, r, messages, ids, spoken, t0, feed=False))
-        r.thinker_task = pump
-        try:
-            await pump
-            status = "completed" if r.cancel_reason is None else "cancelled"
+            async with aclosing(self.thinker.stream(messages, request_id, max_tokens)) as deltas:
+                async for delta in deltas:
+                    if not spoken:
+                        timings["thinker_first_token"] = _ms(t0)
+                    spoken.append(delta)
+                    state["deltas"] += 1
+                    if feed:
+                        s.engine.feed_text(r.request_id, delta)
+                    await s.send(name, **ids, delta=delta)
+            timings["thinker_done"] = _ms(t0)
+            state["state"] = "finished"
         except asyncio.CancelledError:
-            if not pump.cancelled():
-                raise
-        finally:
-            await _stop_pump(pump)
-    if r.thinker_error is not None:
-        status, details = "failed", failure_details(r.thinker_error)
-    if status == "cancelled":
-        details = {"type": "cancelled", "reason": r.cancel_reason or "client_cancelled"}
-    s.metrics.requests.labels("realtime", status).inc()
-    return status, details, _usage(n_in, len(spoken), 0), "".join(spoken).strip()
+            state["state"] = "aborted"
+            timings["thinker_aborted"] = _ms(t0)
+            raise
+        except Exception as error:  # a StageError, or whatever the LLM engine raised (a prompt too long, ...)
+            if not isinstance(error, StageError):
+                log.exception("thinker failed")
+                error = StageError(f"The thinker failed: {error}", "thinker_failed")
+            state["state"] = "failed"
+            reply.error = error
+            if feed:
+                s.engine.cancel(r.request_id, EngineError(error.message, error.code))
+            return
+        if feed:
+            s.engine.end_input(r.request_id)
+
+    async def _start(self, r: Response) -> tuple[float, list[dict], int]:
+        """(start time, the thinker's messages, their tokens)."""
+        t0 = time.perf_counter()
+        r.thinker.report["timings_ms"] = {}
+        messages = await self._messages(r)
+        r.thinker.report["timings_ms"]["inputs_ready"] = _ms(t0)
+        return t0, messages, sum(self.thinker.count_tokens(m["content"]) for m in messages)
+
+    async def speak(self, r: Response, ids: dict) -> Outcome:
+        """A thinker response with audio."""
+        s = self.session
+        t0, messages, n_in = await self._start(r)
+        timings = r.thinker.report["timings_ms"]
+        stats = SpeechStats(s.metrics, "realtime")
+        spoken: list[str] = []
+        deltas = 0
+        if r.cancel_reason is not None:
+            stats.end("cancelled", r.output_format.rate)
+            status, details = "cancelled", cancelled(r.cancel_reason)
+        else:
+            async def first_audio() -> None:
+                timings["first_audio"] = _ms(t0)
+
+            request = SpeechRequest(request_id=r.request_id, text="", text_complete=False, voice=r.voice,
+                                    speed=r.speed, sample_rate=r.output_format.rate)
+            async with AudioOut(s.engine, request, stats) as out:  # open: feed_text reaches the request
+                pump = asyncio.create_task(self._pump(r, messages, ids, spoken, t0, feed=True))
+                try:
+                    deltas = await send_audio(s, r, ids, out, first_audio)
+                finally:
+                    await _stop_pump(pump)  # a no-op when the thinker already finished
+            status, details = audio_status(r, out.result)
+        if r.thinker.error is not None:
+            status, details = "failed", failed(r.thinker.error)
+        timings["done"] = _ms(t0)
+        return Outcome(status, details, usage(input_text=n_in, output_text=len(spoken), output_audio=deltas),
+                       "".join(spoken).strip())
+
+    async def write(self, r: Response, ids: dict) -> Outcome:
+        """A thinker response with text only."""
+        t0, messages, n_in = await self._start(r)
+        spoken: list[str] = []
+        status = "cancelled"
+        if r.cancel_reason is None:
+            pump = asyncio.create_task(self._pump(r, messages, ids, spoken, t0, feed=False))
+            r.thinker.task = pump
+            try:
+                await pump
+                status = "completed" if r.cancel_reason is None else "cancelled"
+            except asyncio.CancelledError:
+                if not pump.cancelled():
+                    raise
+            finally:
+                await _stop_pump(pump)
+        details = cancelled(r.cancel_reason) if status == "cancelled" else None
+        if r.thinker.error is not None:
+            status, details = "failed", failed(r.thinker.error)
+        return Outcome(status, details, usage(input_text=n_in, output_text=len(spoken)), "".join(spoken).strip())
 
 
-# audio turns
-
-
-def _decode_input(s: RealtimeSession, data: bytes) -> tuple[np.ndarray, int]:
-    fmt = s.config.input_format
+def _decode_input(data: bytes, fmt: AudioFormat) -> np.ndarray:
+    """Input audio bytes -> float32 samples at `fmt.rate`."""
     if fmt.encoding == "pcm16":
         samples = np.frombuffer(data, dtype="<i2")
     elif fmt.encoding == "g711_ulaw":
         samples = ulaw_to_pcm16(data)
     else:
         samples = alaw_to_pcm16(data)
-    return samples.astype(np.float32) / 32768.0, fmt.rate
+    return samples.astype(np.float32) / 32768.0
 
 
-async def commit_audio(s: RealtimeSession, item_id: str | None = None) -> None:
-    """Make the input buffer a user audio item and transcribe it in the background."""
-    if not s.input_audio:
-        raise RealtimeError("The input audio buffer is empty; append audio before committing.",
-                            code="input_audio_buffer_commit_empty")
-    data, s.input_audio = bytes(s.input_audio), bytearray()
-    if s.vad is not None:
-        s.vad.reset()
-    item_id = item_id or new_id("item")
-    item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
-            "content": [{"type": "input_audio", "transcript": None}]}
-    previous = s.conversation.insert(item)
-    await s.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
-    await s._announce_item(item, previous)
-    task = asyncio.create_task(_transcribe(s, item, data))
-    s.transcriptions[item_id] = task
-    task.add_done_callback(lambda _: s.transcriptions.pop(item_id, None))
+class AudioTurns:
+    """The input audio buffer's turns: committed (by the client or by server VAD) and transcribed."""
 
+    def __init__(self, session: SessionState, turns: TurnState, responses: Responses,
+                 transcriber: Transcriber | None) -> None:
+        self.session = session
+        self.turns = turns
+        self.responses = responses
+        self.transcriber = transcriber
 
-async def _transcribe(s: RealtimeSession, item: dict, data: bytes) -> None:
-    ids = {"item_id": item["id"], "content_index": 0}
-    pcm, rate = await asyncio.to_thread(_decode_input, s, data)
-    seconds = len(pcm) / rate
-    transcript = ""
-    language = (s.config.transcription or {}).get("language")
-    prompt = (s.config.transcription or {}).get("prompt")
-    try:
-        async with aclosing(s.responder.transcriber.stream(pcm, rate, new_id("asr"), language, prompt)) as deltas:
-            async for delta in deltas:
-                transcript += delta
-                await s.send("conversation.item.input_audio_transcription.delta", **ids, delta=delta)
-    except TranscriberError as error:
-        await s.send("conversation.item.input_audio_transcription.failed", **ids, error={
-            "type": "transcription_error", "code": error.code, "message": error.message, "param": None})
-        return
-    except Exception as error:  # vLLM raises its own errors; the session goes on
-        log.exception("transcription failed")
-        await s.send("conversation.item.input_audio_transcription.failed", **ids, error={
-            "type": "transcription_error", "code": "transcription_failed", "message": str(error), "param": None})
-        return
-    transcript = transcript.strip()
-    item["content"][0]["transcript"] = transcript
-    await s.send("conversation.item.input_audio_transcription.completed", **ids, transcript=transcript,
-                 usage={"type": "duration", "seconds": round(seconds, 3)})
+    async def commit(self, item_id: str | None = None) -> None:
+        """Make the input buffer a user audio item and transcribe it in the background."""
+        s = self.session
+        if not s.input_audio:
+            raise APIError(400, "The input audio buffer is empty; append audio before committing.",
+                           code="input_audio_buffer_commit_empty")
+        if self.transcriber is None:
+            seconds = len(s.input_audio) / s.config.input_format.bytes_per_second
+            raise APIError(
+                400, f"This server has no speech recogniser or thinker configured, so the {seconds:.2f} s of committed "
+                "audio cannot become a user turn. Send text with conversation.item.create instead. The buffer is "
+                "unchanged; input_audio_buffer.clear empties it.", code="input_audio_not_supported")
+        data, s.input_audio = bytes(s.input_audio), bytearray()
+        self.turns.reset_vad()
+        item_id = item_id or new_id("item")
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
+                "content": [{"type": "input_audio", "transcript": None}]}
+        previous = s.conversation.insert(item)
+        await s.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        await s.announce_item(item, previous)
+        self.turns.track(item_id, asyncio.create_task(self._transcribe(item, data, s.config.input_format)))
 
+    async def clear(self) -> None:
+        self.session.input_audio = bytearray()
+        self.turns.reset_vad()
+        await self.session.send("input_audio_buffer.cleared")
 
-async def wait_for_transcriptions(s: RealtimeSession) -> None:
-    if s.transcriptions:
-        await asyncio.gather(*list(s.transcriptions.values()), return_exceptions=True)
+    async def _transcribe(self, item: dict, data: bytes, fmt: AudioFormat) -> None:
+        s = self.session
+        ids = {"item_id": item["id"], "content_index": 0}
+        pcm = await asyncio.to_thread(_decode_input, data, fmt)
+        seconds = len(pcm) / fmt.rate
+        transcript = ""
+        language = (s.config.transcription or {}).get("language")
+        prompt = (s.config.transcription or {}).get("prompt")
+        request_id = new_request_id("asr")
+        try:
+            async with aclosing(self.transcriber.stream(pcm, fmt.rate, request_id, language, prompt)) as deltas:
+                async for delta in deltas:
+                    transcript += delta
+                    await s.send("conversation.item.input_audio_transcription.delta", **ids, delta=delta)
+        except Exception as error:  # a StageError, or vLLM's own; the session goes on
+            if isinstance(error, StageError):
+                code, message = error.code, error.message
+            else:
+                log.exception("transcription failed")
+                code, message = "transcription_failed", str(error)
+            await s.send("conversation.item.input_audio_transcription.failed", **ids, error={
+                "type": "transcription_error", "code": code, "message": message, "param": None})
+            return
+        transcript = transcript.strip()
+        item["content"][0]["transcript"] = transcript
+        await s.send("conversation.item.input_audio_transcription.completed", **ids, transcript=transcript,
+                     usage={"type": "duration", "seconds": round(seconds, 3)})
 
-
-def close(s: RealtimeSession) -> None:
-    for task in list(s.transcriptions.values()):
-        task.cancel()
-
-
-# server VAD
-
-
-def _turn_detection(s: RealtimeSession) -> dict | None:
-    config = s.config.turn_detection
-    if isinstance(config, dict) and config.get("type") in ("server_vad", "semantic_vad"):
-        return config
-    return None
-
-
-async def on_input_audio(s: RealtimeSession, data: bytes) -> None:
-    """Run server VAD over newly appended audio: speech start barges in, speech stop commits the turn."""
-    config = _turn_detection(s)
-    if config is None:
-        s.vad = None
-        return
-    if s.config.input_format.encoding != "pcm16":
-        return
-    try:
-        settings = VadSettings.from_turn_detection(config)
-    except ValueError as exc:
-        raise RealtimeError(f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
-    if s.vad is None or s.vad.settings != settings or s.vad_rate != s.config.input_format.rate:
-        s.vad, s.vad_rate = EnergyVad(settings, s.config.input_format.rate), s.config.input_format.rate
-    for event in s.vad.process(data):
-        if event.kind == "speech_started":
-            s.vad_item_id = new_id("item")
-            await s.send("input_audio_buffer.speech_started", audio_start_ms=event.ms, item_id=s.vad_item_id)
-            if settings.interrupt_response and s.response is not None:
-                await s._stop_response("turn_detected")  # barge-in: the thinker and the talker stop
-        else:
-            item_id = s.vad_item_id or new_id("item")
-            s.vad_item_id = None
-            await s.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms, item_id=item_id)
-            if s.responder is None or s.responder.transcriber is None:
-                continue  # nothing can make the audio a turn; the buffer waits for commit or clear
-            await commit_audio(s, item_id)
-            if settings.create_response:
-                await s.response_create({"type": "response.create"})
-            return  # the rest of this append was committed with the turn
-
-
-def describe(s: RealtimeSession, session: dict) -> dict:
-    if s.responder is not None:
-        session.setdefault("streamvox", {}).update(s.responder.describe())
-    return session
+    async def on_input_audio(self, data: bytes) -> None:
+        """Run server VAD over newly appended audio: speech start barges in, speech stop commits the turn."""
+        s, turns = self.session, self.turns
+        config = s.config.turn_detection
+        if not (isinstance(config, dict) and config.get("type") in ("server_vad", "semantic_vad")):
+            turns.vad = None
+            return
+        if s.config.input_format.encoding != "pcm16":
+            return
+        try:
+            settings = VadSettings.from_turn_detection(config)
+        except ValueError as exc:
+            raise APIError(400, f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
+        for event in turns.vad_for(settings, s.config.input_format.rate).process(data):
+            if event.kind == "speech_started":
+                turns.speech_item_id = new_id("item")
+                await s.send("input_audio_buffer.speech_started", audio_start_ms=event.ms,
+                             item_id=turns.speech_item_id)
+                if settings.interrupt_response and self.responses.current is not None:
+                    await self.responses.stop("turn_detected")  # barge-in: the thinker and the talker stop
+            else:
+                item_id = turns.speech_item_id or new_id("item")
+                turns.speech_item_id = None
+                await s.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms, item_id=item_id)
+                if self.transcriber is None:
+                    continue  # nothing can make the audio a turn; the buffer waits for commit or clear
+                await self.commit(item_id)
+                if settings.create_response:
+                    await self.responses.create(None)
+                return  # the rest of this append was committed with the turn

@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
-from streamvox.server.realtime.endpoint import CANCEL_WAIT_S
+from streamvox.server.realtime.responses import CANCEL_WAIT_S
 from tests.helpers.audio import estimate_duration
 from tests.helpers.realtime_clients import DELTA_TYPES, RealtimeClient, audio_of, reference_pcm
 from tests.helpers.server import start_server
@@ -128,6 +128,36 @@ def test_sdk_cancel_mid_response(espeak_server, beta):
     full_seconds = estimate_duration(LONG_TEXT)
     heard = len(_sdk_audio(events)) / 48000
     assert heard < full_seconds / 2, (heard, full_seconds)
+
+
+def expected_usage(input_text: int = 0, output_text: int = 0, output_audio: int = 0) -> dict:
+    return {"total_tokens": input_text + output_text + output_audio, "input_tokens": input_text,
+            "output_tokens": output_text + output_audio,
+            "input_token_details": {"text_tokens": input_text, "audio_tokens": 0, "cached_tokens": 0},
+            "output_token_details": {"text_tokens": output_text, "audio_tokens": output_audio}}
+
+
+def test_usage_of_echo_responses(espeak_server):
+    """`response.done` usage of the echo responder: audio counts the engine's tokens (espeak: the words in, its
+    synthesis chunks out), text counts words in and out, a cancelled audio response the deltas it sent."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        audio = await client.say(TEXT)
+        text = await client.say("Just text, please.", output_modalities=["text"])
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        await client.until("response.output_audio.delta")
+        await client.send({"type": "response.cancel"})
+        cancelled = await client.until("response.done")
+        await client.close()
+        return audio, text, cancelled
+
+    audio, text, cancelled = asyncio.run(run())
+    assert audio[-1]["response"]["usage"] == expected_usage(input_text=17, output_audio=86)
+    assert text[-1]["response"]["usage"] == expected_usage(input_text=3, output_text=3)
+    assert cancelled[-1]["response"]["status"] == "cancelled"
+    deltas = len([e for e in cancelled if e["type"] in DELTA_TYPES]) + 1  # the one `until` stopped at
+    assert cancelled[-1]["response"]["usage"] == expected_usage(input_text=len(LONG_TEXT.split()),
+                                                                 output_audio=deltas)
 
 
 def test_engine_request_is_freed_after_cancel(espeak_server):
