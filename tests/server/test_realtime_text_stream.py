@@ -8,7 +8,6 @@ import time
 
 import websockets
 
-from streamvox.server.routes.speech_stream import TextSplitter
 from tests.helpers.audio import estimate_duration
 from tests.helpers.realtime_clients import reference_pcm
 
@@ -167,16 +166,6 @@ def test_sentence_split_mode(espeak_server):
     # Each sentence is a request of its own, resampled by the engine core: the utterance is their solo clips.
     sentences = ["One sentence here.", "And a second one!", "A third without an end"]
     assert pcm == b"".join(reference_pcm(espeak_server, sentence, None) for sentence in sentences)
-
-
-def test_text_splitter():
-    splitter = TextSplitter("sentence")
-    assert splitter.add("Hello there. How") == ["Hello there."]
-    assert splitter.add(" are you? Fine") == ["How are you?"]
-    assert splitter.add("", final=True) == ["Fine"]
-    clauses = TextSplitter("clause")
-    assert clauses.add("One, two; three") == ["One,", "two;"]
-    assert clauses.add("你好。再见", final=True) == ["three你好。", "再见"]
 
 
 def test_bad_messages_get_errors_and_the_session_survives(espeak_server):
