@@ -220,8 +220,6 @@ def parse_speed(value: object, info: ModelInfo, param: str) -> float:
         raise RealtimeError(f"'{param}' must be a number.", param=param)
     if not 0.25 <= value <= 4.0:
         raise RealtimeError(f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)
-    if value != 1.0 and not info.native_speed:
-        raise RealtimeError(f"Model '{info.name}' does not support '{param}' other than 1.0.", param=param)
     return float(value)
 
 
