@@ -90,7 +90,8 @@ class StreamEncoder:
 
     @property
     def costly(self) -> bool:
-        """True for the FFmpeg formats: a delta takes about a millisecond to encode, too long for an event loop."""
+        """True for the FFmpeg formats: too slow for an event loop (a 0.5 s delta takes 0.2 ms as flac, 2 ms
+        as opus, 5 ms as aac and 8 ms as mp3, measured on a shared 2-core machine); pcm and wav take 0.01 ms."""
         return self.format in _AV_ENCODERS
 
     def encode(self, pcm: np.ndarray) -> bytes:
