@@ -8,11 +8,14 @@ spinning, and blocks on the socket alone while the runner is idle.
 
 Audio is paced on the way out (`pacer.Pacer`): a request's first delta goes
 at once; later audio is merged while the client still has plenty of audio
-ahead of its playback. This is the one place output is resampled: a request
-whose `SpeechRequest.sample_rate` differs from the model's has its deltas
-resampled here as they leave (few, large calls, one stateful resampler per
-request), off the server's event loop. Everything one loop iteration
-produces leaves as one ZMQ message (`messages.Outputs`).
+ahead of its playback. This is the one place output is post-processed, off the
+server's event loop, with one stateful processor per request: a request with
+`speed` other than 1.0 whose model lacks `ModelInfo.native_speed` is
+time-stretched here as its audio arrives, before pacing (the pacer counts the
+audio the client will play); a request whose `SpeechRequest.sample_rate`
+differs from the model's is resampled as its deltas leave (few, large calls).
+Everything one loop iteration produces leaves as one ZMQ message
+(`messages.Outputs`).
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ import os
 import time
 import traceback
 
+import msgspec
 import numpy as np
 import zmq
 
 from streamvox.audio.resample import Resampler
+from streamvox.audio.time_stretch import TimeStretcher
 from streamvox.contract import RequestError, Runner, SpeechRequest
 from streamvox.engine import messages as m
 from streamvox.engine.pacer import Pacer
@@ -63,18 +68,24 @@ class EngineCore:
         self._audio: list[tuple[str, np.ndarray]] = []  # this iteration's outgoing deltas
         self._ended: list[m.Finished | m.Failed] = []
         self._resamplers: dict[str, Resampler] = {}  # requests whose output rate is not the model's
+        self._stretchers: dict[str, TimeStretcher] = {}  # requests whose speed the core applies
 
     # OutputSink
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
+        if (stretcher := self._stretchers.get(request_id)) is not None and not len(pcm := stretcher.process(pcm)):
+            return  # the stretcher holds it back for now: the request's first packet is still to come
         if self.pacer.add(request_id, pcm, self._now, self._audio):
             self._send_outputs()  # a first packet leaves now, even in the middle of a long step
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
+        if (stretcher := self._stretchers.pop(request_id, None)) is not None and len(tail := stretcher.flush()):
+            self.pacer.add(request_id, tail, self._now, self._audio)
         self.pacer.end(request_id, self._now, self._audio)
         self._ended.append(m.Finished(request_id, reason, input_tokens, output_tokens))
 
     def failed(self, request_id: str, error: RequestError) -> None:
+        self._stretchers.pop(request_id, None)
         self.pacer.end(request_id, self._now, self._audio)
         self._ended.append(m.Failed(request_id, error.message, error.code, error.param))
 
@@ -173,6 +184,7 @@ class EngineCore:
                     self.runner.release(request_id)
                     self.pacer.drop(request_id)
                     self._resamplers.pop(request_id, None)
+                    self._stretchers.pop(request_id, None)
                 case m.AddVoice():
                     self._add_voice(message)
                 case m.RemoveVoice(name=name):
@@ -186,12 +198,18 @@ class EngineCore:
         rate = request.sample_rate
         if rate is not None and not 1000 <= rate <= 384000:
             raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
+        if not 0.25 <= request.speed <= 4.0:
+            raise RequestError(f"Unsupported speed {request.speed}.", param="speed")
         if rate is not None and rate != info.sample_rate:
             self._resamplers[request.request_id] = Resampler(info.sample_rate, rate)
+        if request.speed != 1.0 and not info.native_speed:
+            self._stretchers[request.request_id] = TimeStretcher(info.sample_rate, request.speed)
+            request = msgspec.structs.replace(request, speed=1.0)  # the model speaks at its own rate
         try:
             self.runner.add(request)
         except RequestError:
             self._resamplers.pop(request.request_id, None)
+            self._stretchers.pop(request.request_id, None)
             raise
 
     def _add_voice(self, message: m.AddVoice) -> None:

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import soundfile
 
-from streamvox.audio.formats import FORMATS, STREAMABLE_FORMATS
+from streamvox.audio.formats import FORMATS
 from streamvox.contract import ModelInfo, SamplingParams, SpeechRequest
 from streamvox.server.errors import APIError
 from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES, load_ref_audio_url
@@ -146,9 +146,7 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
     if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
         raise APIError(400, f"'instructions' is longer than {MAX_INSTRUCTIONS_CHARS} characters.",
                        "instructions")
-    speed = _in_range("speed", _field(body, "speed", float, 1.0), 0.25, 4.0)
-    if speed != 1.0 and not info.native_speed:
-        raise APIError(400, f"Model '{info.name}' does not support 'speed' other than 1.0.", "speed")
+    speed = _in_range("speed", _field(body, "speed", float, 1.0), 0.25, 4.0)  # any model: the core time-stretches
     sample_rate = _in_range("sample_rate", _field(body, "sample_rate", int, DEFAULT_SAMPLE_RATE),
                             MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
     task_type = _field(body, "task_type", str)
@@ -201,8 +199,6 @@ def parse_speech(body: object, info: ModelInfo, request_id: str, policy: MediaPo
     if stream_format not in (None, "sse", "audio"):
         raise APIError(400, "'stream_format' must be 'sse' or 'audio'.", "stream_format")
     stream = _field(body, "stream", bool, False)
-    mode = stream_format or ("sse" if stream else "file")
-    if mode in ("sse", "audio") and response_format not in STREAMABLE_FORMATS:
-        raise APIError(400, f"Streaming ({mode}) carries pcm or wav, not '{response_format}'.", "response_format")
+    mode = stream_format or ("sse" if stream else "file")  # every format streams
     template = parse_speech_settings(body, info, policy)
     return SpeechParams(msgspec.structs.replace(template, request_id=request_id, text=text), response_format, mode)

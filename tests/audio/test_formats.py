@@ -1,21 +1,51 @@
-"""Container encoding: s16le conversion, the streaming WAV header, whole files at the rate they can carry."""
+"""Container encoding: s16le conversion, the streaming WAV header, streams delta by delta, whole files at the rate
+they can carry."""
 
 from __future__ import annotations
 
 import io
 import struct
 
+import av
 import numpy as np
+import pytest
 import soundfile
 
 from streamvox.audio.formats import (
     CONTENT_TYPES,
     FORMATS,
+    StreamEncoder,
     encode_audio,
     encoded_sample_rate,
     streaming_wav_header,
     to_pcm16,
 )
+
+# Samples a codec adds or drops at the ends (encoder delay, frame padding), at most.
+CODEC_PADDING_S = 0.1
+
+
+def _av_decode(data: bytes) -> tuple[np.ndarray, int]:
+    """Decode with FFmpeg (PyAV), as a streaming client would."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
+        rate = container.streams.audio[0].rate
+    if frames and frames[0].dtype == np.int16:
+        return np.concatenate(frames).astype(np.float32) / 32768, rate
+    return (np.concatenate(frames) if frames else np.zeros(0, np.float32)), rate
+
+
+def _playable(prefix: bytes) -> int:
+    """How many samples a decoder plays from the start of a stream (0 before the first packet)."""
+    try:
+        return len(_av_decode(prefix)[0])
+    except av.error.FFmpegError:
+        return 0
+
+
+def _speech_like(seconds: float, rate: int) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
 
 
 def test_to_pcm16_scales_and_clips():
@@ -45,3 +75,40 @@ def test_opus_carries_only_its_own_rates():
     assert encoded_sample_rate(24000, "opus") == 24000
     assert encoded_sample_rate(22050, "opus") == 48000
     assert encoded_sample_rate(22050, "mp3") == 22050
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "aac"])
+@pytest.mark.parametrize("rate", [24000, 22050])
+def test_a_stream_plays_as_it_arrives_and_decodes_to_the_audio(fmt, rate):
+    pcm = _speech_like(2.0, rate)
+    encoder = StreamEncoder(fmt, rate)
+    deltas = [encoder.encode(pcm[i:i + 2400]) for i in range(0, len(pcm), 2400)] + [encoder.finish()]
+    assert sum(1 for delta in deltas if delta) > 5  # bytes leave with (nearly) every delta, not at the end
+    played = [_playable(b"".join(deltas[:i + 1])) for i in range(len(deltas))]
+    assert max(played[:4]) > 0  # the first ~0.4 s of input already plays (codec delay aside)
+    first = next(i for i, samples in enumerate(played) if samples)
+    assert played[first:] == sorted(played[first:])  # from then on every prefix decodes, each one further
+    decoded, decoded_rate = _av_decode(b"".join(deltas))
+    assert decoded_rate == (48000 if fmt == "opus" else rate) and encoder.sample_rate == encoded_sample_rate(rate, fmt)
+    assert abs(len(decoded) / decoded_rate - len(pcm) / rate) <= CODEC_PADDING_S
+    if fmt in ("wav", "flac"):  # lossless: the s16le samples themselves
+        assert to_pcm16(decoded * 32768 / 32767) == to_pcm16(pcm) or np.abs(decoded - pcm).max() <= 1 / 32767
+
+
+def test_stream_of_pcm_and_wav_is_the_s16le_of_each_delta():
+    pcm = _speech_like(0.5, 24000)
+    for fmt, head in (("pcm", b""), ("wav", streaming_wav_header(24000))):
+        encoder = StreamEncoder(fmt, 24000)
+        assert not encoder.costly
+        deltas = [encoder.encode(pcm[:1000]), encoder.encode(pcm[1000:]), encoder.finish()]
+        assert deltas == [head + to_pcm16(pcm[:1000]), to_pcm16(pcm[1000:]), b""]
+    assert StreamEncoder("wav", 16000).finish() == streaming_wav_header(16000)  # no audio: a valid, empty wav
+
+
+def test_compressed_files_are_the_stream_in_one_piece():
+    pcm = _speech_like(1.0, 24000)
+    for fmt in ("mp3", "opus", "aac"):
+        encoder = StreamEncoder(fmt, 24000)
+        assert encoder.costly
+        assert encode_audio(pcm, 24000, fmt) == encoder.encode(pcm) + encoder.finish()
+        assert StreamEncoder(fmt, 24000).finish() == encode_audio(np.zeros(0, np.float32), 24000, fmt)

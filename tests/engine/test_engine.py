@@ -114,3 +114,39 @@ def test_engine_resamples_to_the_requested_rate_as_the_front_end_would(engine_ru
     assert len(resampled) == len(expected)
     np.testing.assert_allclose(resampled, expected, atol=1e-6)
     assert isinstance(error, EngineError) and error.is_request_error and error.param == "sample_rate"
+
+
+def test_engine_time_stretches_speed_before_resampling(engine_run):
+    """`SpeechRequest.speed` on a model without native speed: the core time-stretches the model-rate audio (the
+    model speaks at its own rate), then resamples; streamed text gives the same audio; a bad speed is refused."""
+    from streamvox.audio.resample import Resampler
+    from streamvox.audio.time_stretch import TimeStretcher
+
+    async def body(engine: AsyncEngine):
+        assert not engine.info.native_speed
+        native, _, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text=TEXT)))
+        fast, done, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text=TEXT, speed=2.0,
+                                                                   sample_rate=24000)))
+        assert isinstance(done, Done)
+        request_id = new_request_id()
+        events = engine.submit(SpeechRequest(request_id=request_id, text="", text_complete=False, speed=2.0,
+                                             sample_rate=24000))
+        collector = asyncio.create_task(_collect(events))
+        words = TEXT.split(" ")
+        for i, word in enumerate(words):
+            await asyncio.sleep(0.02)
+            engine.feed_text(request_id, word + (" " if i < len(words) - 1 else ""))
+        engine.end_input(request_id)
+        streamed, _, _ = await collector
+        _, error, _ = await _collect(engine.submit(SpeechRequest(request_id=new_request_id(), text="hi", speed=9.0)))
+        return engine.info.sample_rate, native, fast, streamed, error
+
+    rate, native, fast, streamed, error = engine_run(body)
+    stretcher, resampler = TimeStretcher(rate, 2.0), Resampler(rate, 24000)
+    stretched = np.concatenate([stretcher.process(native), stretcher.flush()])
+    assert len(stretched) == round(len(native) / 2.0)
+    expected = np.concatenate([resampler.process(stretched), resampler.flush()])
+    assert len(fast) == len(expected)
+    np.testing.assert_allclose(fast, expected, atol=1e-6)
+    np.testing.assert_array_equal(streamed, fast)
+    assert isinstance(error, EngineError) and error.is_request_error and error.param == "speed"

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import struct
 
+import av
 import httpx
+import numpy as np
 import openai
 import pytest
 
+from benchmarks.build_tiny_qwen3 import build
 from tests.helpers.audio import decode_file, estimate_duration, parse_sse, sse_pcm
+from tests.helpers.server import start_server
 
 TEXT = "The quick brown fox jumps over the lazy dog, then rests under a tall oak tree."
+FORMATS = ["pcm", "wav", "flac", "mp3", "opus", "aac"]
+CODEC_PADDING_S = 0.1  # what an mp3/aac/opus encoder adds at the ends (delay, last frame), at most
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +156,6 @@ BAD_REQUESTS = [
     ({"input": "hi", "speed": 0.1}, 400, "speed", "between"),
     ({"input": "hi", "speed": "fast"}, 400, "speed", "number"),
     ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "must be one of"),
-    ({"input": "hi", "response_format": "mp3", "stream_format": "sse"}, 400, "response_format", "pcm or wav"),
-    ({"input": "hi", "response_format": "aac", "stream_format": "audio"}, 400, "response_format", "pcm or wav"),
     ({"input": "hi", "stream_format": "chunks"}, 400, "stream_format", "sse"),
     ({"input": "hi", "sample_rate": 100}, 400, "sample_rate", "between"),
     ({"input": "hi", "language": "klingon"}, 400, "language", "Unsupported language"),
@@ -192,3 +198,144 @@ def test_bad_requests_get_documented_errors_while_a_good_stream_completes(espeak
         assert set(error) == {"message", "type", "param", "code"}
         assert error["param"] == param, (body, error)
         assert words in error["message"], (body, error)
+
+
+# ------------------------------------------------------------------------------------ every format streams
+
+
+def _av_decode(data: bytes) -> tuple[np.ndarray, int]:
+    """Decode a body with FFmpeg (PyAV), as a streaming client would: float32 mono and its rate."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
+        rate = container.streams.audio[0].rate
+    pcm = np.concatenate(frames)
+    return (pcm.astype(np.float32) / 32768 if pcm.dtype == np.int16 else pcm.astype(np.float32)), rate
+
+
+def _decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768, 24000
+    return _av_decode(data)
+
+
+def _speech(server, body: dict) -> tuple[httpx.Response, list[bytes]]:
+    """POST and read the body as it arrives: the response, and the pieces (SSE: the decoded audio deltas)."""
+    with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, timeout=120) as response:
+        pieces = [piece for piece in response.iter_raw() if piece]
+    if body.get("stream_format") == "sse":
+        events = parse_sse(b"".join(pieces))
+        assert events[-1]["type"] == "speech.audio.done", events[-1]
+        pieces = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    return response, pieces
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_streams_in_every_mode_and_decodes_as_the_file(espeak_server, fmt):
+    base = {"model": "espeak", "voice": "alloy", "input": TEXT, "response_format": fmt}
+    file_response, file_pieces = _speech(espeak_server, base)
+    assert file_response.status_code == 200
+    file_audio, rate = _decode(b"".join(file_pieces), fmt)
+    if fmt in ("wav", "flac"):  # whole files that state their length, as libsndfile writes them
+        assert file_response.headers["content-length"] == str(sum(map(len, file_pieces)))
+    else:  # the file streams as it is made (chunked), in more than one piece
+        assert file_response.headers.get("transfer-encoding") == "chunked" and len(file_pieces) > 1
+    streams = {}
+    for mode in ("audio", "sse"):
+        response, pieces = _speech(espeak_server, {**base, "stream_format": mode})
+        assert response.status_code == 200 and len(pieces) > 1, (mode, len(pieces))
+        assert response.headers["x-sample-rate"] == file_response.headers["x-sample-rate"]
+        if mode == "audio":
+            assert response.headers["content-type"] == file_response.headers["content-type"]
+        # Every delta continues a stream that plays as it arrives: the first one alone already decodes.
+        first = next(i for i in range(len(pieces)) if _playable(b"".join(pieces[:i + 1]), fmt))
+        assert first <= 2, (mode, first)
+        streams[mode] = b"".join(pieces)
+    assert streams["audio"] == streams["sse"]  # SSE carries the very bytes of the audio stream
+    audio, stream_rate = _decode(streams["audio"], fmt)
+    assert stream_rate == rate
+    if fmt == "pcm":
+        assert streams["audio"] == b"".join(file_pieces)
+    elif fmt == "wav":
+        # The stream is the pcm stream behind a header of unknown length; the file is libsndfile's, quantised
+        # its own way (floor(x * 32768), where the s16le encoder takes trunc(x * 32767)): within two steps.
+        assert streams["audio"][:4] == b"RIFF" and struct.unpack("<I", streams["audio"][40:44])[0] == 0xFFFFFFFF
+        pcm = _speech(espeak_server, {**base, "response_format": "pcm"})[1]
+        assert streams["audio"][44:] == b"".join(pcm)
+        assert len(audio) == len(file_audio) and np.abs(audio - file_audio).max() <= 2 / 32768
+    elif fmt == "flac":  # lossless: the stream holds the pcm stream's samples, the file libsndfile's (as wav)
+        assert len(audio) == len(file_audio) and np.abs(audio - file_audio).max() <= 2 / 32768
+    else:
+        assert abs(len(audio) - len(file_audio)) / rate <= CODEC_PADDING_S
+        n = min(len(audio), len(file_audio))
+        assert np.corrcoef(audio[:n], file_audio[:n])[0, 1] > 0.99
+    assert abs(len(audio) / rate - estimate_duration(TEXT)) <= 0.3 * estimate_duration(TEXT)
+
+
+def _playable(prefix: bytes, fmt: str) -> bool:
+    if fmt == "pcm":
+        return len(prefix) > 0
+    try:
+        return len(_av_decode(prefix)[0]) > 0
+    except (av.error.FFmpegError, ValueError):
+        return False
+
+
+def test_errors_before_the_first_audio_are_json_in_every_mode(espeak_server):
+    for extra in ({}, {"stream_format": "audio"}, {"stream_format": "sse"}):
+        response = httpx.post(f"{espeak_server.url}/v1/audio/speech", timeout=60,
+                              json={"input": "hi", "response_format": "mp3", "voice": "nobody", **extra})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "voice"
+
+
+# ------------------------------------------------------------------------------------------------ speed
+
+
+def _duration(server, body: dict) -> float:
+    response = httpx.post(f"{server.url}/v1/audio/speech", json={**body, "response_format": "pcm"}, timeout=600)
+    assert response.status_code == 200, response.text
+    return len(response.content) / 2 / body.get("sample_rate", 24000)
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 1.5, 4.0])
+def test_espeak_speed_scales_the_duration(espeak_server, speed):
+    body = {"input": TEXT, "voice": "nova"}
+    normal = _duration(espeak_server, body)
+    assert abs(_duration(espeak_server, {**body, "speed": speed}) / (normal / speed) - 1) <= 0.02
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory):
+    model = build(tmp_path_factory.mktemp("speed") / "tiny-cv", "custom_voice", seed=21)
+    server = start_server("--model", str(model))
+    yield server
+    server.stop()
+
+
+QWEN3 = {"input": "Hello world, this is streaming speech!", "voice": "alice", "language": "english",
+         "temperature": 0, "seed": 7, "max_new_tokens": 24, "initial_codec_chunk_frames": 2}
+
+
+@pytest.mark.timeout(1200)  # the shared CI machine can be very slow
+def test_qwen3_speed_is_time_stretched_and_streams_as_the_file(qwen3_server):
+    normal = _duration(qwen3_server, QWEN3)
+    assert normal > 0.5
+    for speed in (0.5, 2.0):
+        assert abs(_duration(qwen3_server, {**QWEN3, "speed": speed}) / (normal / speed) - 1) <= 0.02
+    at_16k = {**QWEN3, "speed": 1.5, "sample_rate": 16000}  # stretched, then resampled
+    assert abs(_duration(qwen3_server, at_16k) / (normal / 1.5) - 1) <= 0.02
+    file = httpx.post(f"{qwen3_server.url}/v1/audio/speech", timeout=600,
+                      json={**at_16k, "response_format": "pcm"}).content
+    response, pieces = _speech(qwen3_server, {**at_16k, "response_format": "pcm", "stream_format": "sse"})
+    assert len(pieces) > 1 and b"".join(pieces) == file  # one stream: the same bytes either way
+
+
+@pytest.mark.timeout(1200)
+def test_qwen3_streams_compressed_formats_and_a_refused_request_is_json(qwen3_server):
+    response, pieces = _speech(qwen3_server, {**QWEN3, "response_format": "opus", "speed": 1.25})
+    assert response.status_code == 200 and response.headers.get("transfer-encoding") == "chunked"
+    audio, rate = _av_decode(b"".join(pieces))
+    assert rate == 48000 and abs(len(audio) / rate - _duration(qwen3_server, QWEN3) / 1.25) <= CODEC_PADDING_S
+    # Refused by the model itself (over its instruction-token cap), before any audio: still a JSON 400.
+    refused = httpx.post(f"{qwen3_server.url}/v1/audio/speech", timeout=600,
+                         json={**QWEN3, "response_format": "mp3", "instructions": "Speak softly, please. " * 150})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "instructions"

@@ -41,7 +41,7 @@ class EspeakRunner:
             default_voice="en-us",
             languages=self._languages,
             streaming_text=True,
-            native_speed=True,
+            native_speed=False,  # its rate setting misses duration/speed by up to 50%: the core time-stretches
         )
         self._forks = ForkServer(self._espeak, ctypes.CDLL(None, use_errno=True).prctl)
         self._forks.ask()  # the first request starts without waiting for a fork

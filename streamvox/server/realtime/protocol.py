@@ -203,14 +203,12 @@ def parse_voice(value: object, info: ModelInfo, param: str) -> str:
     return value
 
 
-def parse_speed(value: object, info: ModelInfo, param: str) -> float:
+def parse_speed(value: object, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):  # math.isfinite overflows on huge ints
         raise APIError(400, f"'{param}' must be a number.", param=param)
     if not 0.25 <= value <= 4.0:
         raise APIError(400, f"'{param}' must be between 0.25 and 4.0; got {value}.", param=param)
-    if value != 1.0 and not info.native_speed:
-        raise APIError(400, f"Model '{info.name}' does not support '{param}' other than 1.0.", param=param)
     return float(value)
 
 
@@ -253,7 +251,7 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
     if (voice := session.get("voice")) is not None:
         changes["voice"] = parse_voice(voice, info, "session.voice")
     if (speed := session.get("speed")) is not None:
-        changes["speed"] = parse_speed(speed, info, "session.speed")
+        changes["speed"] = parse_speed(speed, "session.speed")
     if (fmt := session.get("input_audio_format")) is not None:
         changes["input_format"] = AudioFormat.parse(fmt, "session.input_audio_format")
     if (fmt := session.get("output_audio_format")) is not None:
@@ -283,7 +281,7 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
         if (voice := audio_out.get("voice")) is not None:
             changes["voice"] = parse_voice(voice, info, "session.audio.output.voice")
         if (speed := audio_out.get("speed")) is not None:
-            changes["speed"] = parse_speed(speed, info, "session.audio.output.speed")
+            changes["speed"] = parse_speed(speed, "session.audio.output.speed")
 
     # accepted and echoed, not acted on
     if (tools := session.get("tools")) is not None:

@@ -1,4 +1,10 @@
-"""`POST /v1/audio/speech` (file, chunked audio, SSE) and `POST /v1/audio/speech/batch`."""
+"""`POST /v1/audio/speech` (file, chunked audio, SSE) and `POST /v1/audio/speech/batch`.
+
+Every format streams, as OpenAI's endpoint does: `stream_format=audio` sends the format's bytes as they are
+encoded (chunked), `sse` sends them base64 in `speech.audio.delta` events, and a request without
+`stream_format` streams its body too, except wav and flac files (`WHOLE_FILE_FORMATS`). Each response has
+its own `StreamEncoder`; the FFmpeg formats encode in a worker thread, one delta after another.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +18,7 @@ import pybase64
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from streamvox.audio.formats import (
-    CONTENT_TYPES,
-    encode_audio,
-    encoded_sample_rate,
-    streaming_wav_header,
-    to_pcm16,
-)
+from streamvox.audio.formats import CONTENT_TYPES, StreamEncoder, encode_audio, encoded_sample_rate
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import Done, EngineError
@@ -29,6 +29,10 @@ from streamvox.settings import MediaPolicy
 
 MAX_BATCH_ITEMS = 64
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Without `stream_format` these are whole files that carry their length, as libsndfile writes them: a
+# FLAC stream's header cannot say how long it is, and soundfile.read() of one fails; a wav file's bytes
+# are libsndfile's, which the streamed wav (the pcm stream behind a header) differs from by up to one step.
+WHOLE_FILE_FORMATS = ("wav", "flac")
 
 
 def error_from_engine(error: EngineError) -> APIError:
@@ -90,7 +94,7 @@ async def speech(request: Request) -> Response:
     stats = SpeechStats(app.metrics, "speech")
     try:
         params = await parse_body(app.engine, await read_json(request), app.settings.media)
-        if params.mode == "file":
+        if params.mode == "file" and params.response_format in WHOLE_FILE_FORMATS:
             pcm, _ = await synthesize(app.engine, params.request, stats)
             rate = encoded_sample_rate(params.sample_rate, params.response_format)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
@@ -109,44 +113,45 @@ async def stream_speech(engine: AsyncEngine, params: SpeechParams, stats: Speech
     if (error := await out.first_error()) is not None:
         await out.close()
         raise error_from_engine(error)
-    body = _sse_body if params.mode == "sse" else _audio_body
+    encoder = StreamEncoder(params.response_format, params.sample_rate)
+    body = _sse_body(out, encoder) if params.mode == "sse" else _encoded(out, encoder)
     media_type = "text/event-stream" if params.mode == "sse" else CONTENT_TYPES[params.response_format]
-    headers = {"x-sample-rate": str(params.sample_rate), "cache-control": "no-cache"}
-    return StreamingResponse(body(out, params), media_type=media_type, headers=headers)
+    headers = {"x-sample-rate": str(encoder.sample_rate), "cache-control": "no-cache"}
+    return StreamingResponse(body, media_type=media_type, headers=headers)
 
 
-async def _pcm16_deltas(out: AudioOut) -> AsyncIterator[bytes]:
-    """The request's audio as s16le deltas; then `out.result` says how it ended (and the metrics know)."""
+async def _encoded(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes]:
+    """The request's audio as the encoder's stream; then `out.result` says how it ended (and the metrics know).
+
+    A stream that ended (even failed) is finished, so what was sent decodes to the end; a cancelled one is not.
+    A failure after the headers were sent can only end the body early.
+    """
+    async def run(step, *args) -> bytes:
+        return await asyncio.to_thread(step, *args) if encoder.costly else step(*args)
+
     try:
         async with aclosing(out.deltas()) as deltas:
             async for pcm in deltas:
-                if data := to_pcm16(pcm):
+                if data := await run(encoder.encode, pcm):
                     yield data
+        if out.result.status != "cancelled" and (data := await run(encoder.finish)):
+            yield data
     finally:
         await out.close()
         out.stats.end(out.result.metrics_status, out.sample_rate)
-
-
-async def _audio_body(out: AudioOut, params: SpeechParams) -> AsyncIterator[bytes]:
-    if params.response_format == "wav":
-        yield streaming_wav_header(params.sample_rate)
-    async with aclosing(_pcm16_deltas(out)) as deltas:
-        async for data in deltas:
-            yield data
-    # A failure after the headers were sent can only end the body early.
 
 
 def _sse(payload: dict) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
-def _sse_audio_delta(pcm16: bytes) -> bytes:
+def _sse_audio_delta(data: bytes) -> bytes:
     """`_sse({"type": "speech.audio.delta", "audio": base64})`, byte for byte, without a JSON pass over the audio."""
-    return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(pcm16) + b'"}\n\n'
+    return b'data: {"type":"speech.audio.delta","audio":"' + pybase64.b64encode(data) + b'"}\n\n'
 
 
-async def _sse_body(out: AudioOut, params: SpeechParams) -> AsyncIterator[bytes]:
-    async with aclosing(_pcm16_deltas(out)) as deltas:
+async def _sse_body(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes]:
+    async with aclosing(_encoded(out, encoder)) as deltas:
         async for data in deltas:
             yield _sse_audio_delta(data)
     if (done := out.result.done) is not None:
