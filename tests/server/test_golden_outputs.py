@@ -1,8 +1,8 @@
 """Golden outputs: the exact bytes a few requests produce, pinned so a refactor cannot change them unseen.
 
-Covers espeak (wav and pcm files, two voices, SSE deltas), the tiny Qwen3-TTS CustomVoice and Base
-checkpoints (greedy, fixed seed) and one OpenAI Realtime response (its event sequence and audio).
-`tests/golden/outputs.json` holds a SHA-256 per case; regenerate it only for an intended change of
+Covers espeak (pcm files, two voices, SSE deltas; a wav file is that pcm behind a streaming header), the tiny
+Qwen3-TTS CustomVoice and Base checkpoints (greedy, fixed seed) and one OpenAI Realtime response (its event
+sequence and audio). `tests/server/golden/outputs.json` holds a SHA-256 per case; regenerate it only for an intended change of
 output, with `STREAMVOX_WRITE_GOLDEN=1 pytest tests/server/test_golden_outputs.py`.
 """
 
@@ -22,6 +22,7 @@ import pytest
 import soundfile
 
 from benchmarks.build_tiny_qwen3 import build
+from streamvox.audio.formats import streaming_wav_header
 from tests.helpers.audio import parse_sse, sse_pcm
 from tests.helpers.realtime_clients import DELTA_TYPES, RealtimeClient, audio_of
 from tests.helpers.server import start_server
@@ -63,9 +64,10 @@ def _post(server, body: dict) -> httpx.Response:
 
 def test_espeak(espeak_server, golden):
     for voice in ("alloy", "echo"):
-        for fmt in ("wav", "pcm"):
-            golden(f"espeak-{voice}-{fmt}",
-                   _post(espeak_server, {"input": TEXT, "voice": voice, "response_format": fmt}).content)
+        pcm = _post(espeak_server, {"input": TEXT, "voice": voice, "response_format": "pcm"}).content
+        golden(f"espeak-{voice}-pcm", pcm)
+        wav = _post(espeak_server, {"input": TEXT, "voice": voice, "response_format": "wav"}).content
+        assert wav == streaming_wav_header(24000) + pcm
         events = parse_sse(_post(espeak_server, {"input": TEXT, "voice": voice, "response_format": "pcm",
                                                  "stream_format": "sse"}).content)
         assert events[-1]["type"] == "speech.audio.done"
@@ -130,6 +132,9 @@ def test_qwen3_base(tmp_path_factory, golden):
     try:
         golden("qwen3-base-icl-pcm", _post(server, {**QWEN, "ref_audio": ref, "ref_text": "Hi there, friend.",
                                                     "response_format": "pcm"}).content)
-        golden("qwen3-base-xvector-wav", _post(server, {**QWEN, "ref_audio": ref, "response_format": "wav"}).content)
+        pcm = _post(server, {**QWEN, "ref_audio": ref, "response_format": "pcm"}).content
+        golden("qwen3-base-xvector-pcm", pcm)
+        wav = _post(server, {**QWEN, "ref_audio": ref, "response_format": "wav"}).content
+        assert wav == streaming_wav_header(24000) + pcm
     finally:
         server.stop()

@@ -2,7 +2,7 @@
 
 Every format streams, as OpenAI's endpoint does: `stream_format=audio` sends the format's bytes as they are
 encoded (chunked), `sse` sends them base64 in `speech.audio.delta` events, and a request without
-`stream_format` streams its body too, except wav and flac files (`WHOLE_FILE_FORMATS`). Each response has
+`stream_format` streams its body too, except flac files (`WHOLE_FILE_FORMATS`). Each response has
 its own `StreamEncoder`; the FFmpeg formats encode in a worker thread, one delta after another.
 """
 
@@ -30,9 +30,9 @@ from streamvox.settings import MediaPolicy
 MAX_BATCH_ITEMS = 64
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Without `stream_format` these are whole files that carry their length, as libsndfile writes them: a
-# FLAC stream's header cannot say how long it is, and soundfile.read() of one fails; a wav file's bytes
-# are libsndfile's, which the streamed wav (the pcm stream behind a header) differs from by up to one step.
-WHOLE_FILE_FORMATS = ("wav", "flac")
+# FLAC stream's header cannot say how long it is, and soundfile.read() of one fails. (A streamed wav's
+# header says 0xFFFFFFFF, which libsndfile, PyAV and browsers read as "until the end".)
+WHOLE_FILE_FORMATS = ("flac",)
 
 
 def error_from_engine(error: EngineError) -> APIError:
