@@ -9,6 +9,7 @@ import torch
 from streamvox.contract import RequestError, SamplingParams, SpeechRequest
 from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
 from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner, load_runner
+from streamvox.models.qwen3_tts.voices import OPENAI_VOICES
 from tests.helpers.qwen3_harness import FrameLog, RecordingSink, drain, make_signal, pcm_bytes, run_solo
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
@@ -262,7 +263,8 @@ def test_validation_errors(cv_model, tmp_path):
     assert err(initial_codec_chunk_frames=0).param == "initial_codec_chunk_frames"
     runner.add(SpeechRequest(request_id="v", text="Hi."))
     assert err().param == "request_id"
-    assert runner.info.voices == ["alice", "bob", "dylan"] and runner.info.task_types == ["custom_voice"]
+    assert runner.info.voices == ["alice", "bob", "dylan", *OPENAI_VOICES]
+    assert runner.info.task_types == ["custom_voice"]
     assert runner.info.streaming_text and "english" in runner.info.languages
     assert "beijing_dialect" not in runner.info.languages
 

@@ -61,6 +61,7 @@ from streamvox.models.qwen3_tts.runtime.timing import StepTiming
 from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import IncrementalText
+from streamvox.models.qwen3_tts.voices import served_voices, speaker_for
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class Qwen3TTSRunner:
             name=name or (model.model_dir.name if model.model_dir else "qwen3-tts"),
             family="qwen3_tts",
             sample_rate=sr,
-            voices=speakers if self.task == "custom_voice" else [],
+            voices=served_voices(self.task, speakers),  # with OpenAI's voice names (qwen3_tts/voices.py)
             default_voice=speakers[0] if (self.task == "custom_voice" and speakers) else "default",
             languages=cfg.languages,
             task_types=[self.task],
@@ -373,7 +374,7 @@ class Qwen3TTSRunner:
         instructions = (r.instructions or "").strip()
         if task == "custom_voice":
             speakers = {k.lower(): k for k in tc.spk_id}
-            voice = (r.voice or self.info.default_voice).strip().lower()
+            voice = speaker_for(r.voice or self.info.default_voice, tc.spk_id).strip().lower()
             if voice not in speakers:
                 raise RequestError(f"unknown voice {r.voice!r}; available: {', '.join(sorted(speakers))}",
                                    param="voice")
