@@ -258,6 +258,8 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
                     load_failures: Connection | None = None) -> None:
     """Process entry point: load the model, then serve until shutdown or a crash."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    for client in ("httpx", "httpx2"):  # a line per HTTP request of a model download: the progress bar says it
+        logging.getLogger(client).setLevel(logging.WARNING)
     # The server's event loop is the latency-critical process: when the CPUs are contended, it gets the larger
     # share (its lag is what every stream's timing rests on). The core still gets every idle cycle. Measured on
     # the 2-core benchmark machine (200 SSE streams / c=64): nice 10 read 11.6 ms lag p99 but 211 ms TTFP p50;
