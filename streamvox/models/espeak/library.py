@@ -25,8 +25,8 @@ DEFAULT_WPM = 175  # eSpeak's speaking rate at speed 1.0, in words per minute
 MIN_WPM, MAX_WPM = 80, 450  # the rates eSpeak accepts
 
 # OpenAI's voice names (every name in the `openai` SDK's speech and realtime voice lists), so clients written
-# for OpenAI TTS work unmodified: an English voice with an eSpeak variant of the voice's gender. docs/voices.md
-# lists the mapping.
+# for OpenAI TTS work unmodified: an English voice, most with an eSpeak variant of the voice's gender.
+# docs/voices.md lists the mapping.
 OPENAI_VOICE_ALIASES = {
     "alloy": "en-us",
     "ash": "en-us+m3",
