@@ -8,8 +8,8 @@ import torch
 
 from streamvox.contract import RequestError, SamplingParams, SpeechRequest
 from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
+from streamvox.models.qwen3_tts.openai_voices import OPENAI_VOICES
 from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner, load_runner
-from streamvox.models.qwen3_tts.voices import OPENAI_VOICES
 from tests.helpers.qwen3_harness import FrameLog, RecordingSink, drain, make_signal, pcm_bytes, run_solo
 from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 

@@ -21,7 +21,7 @@ import pytest
 import soundfile
 
 from benchmarks.build_tiny_qwen3 import build
-from streamvox.models.qwen3_tts.voices import OPENAI_VOICES
+from streamvox.models.qwen3_tts.openai_voices import OPENAI_VOICES
 from tests.helpers.audio import parse_sse, sse_pcm
 from tests.helpers.server import start_server
 

@@ -56,12 +56,12 @@ from streamvox.models.qwen3_tts.codec.code2wav import Code2Wav, agreement_db
 from streamvox.models.qwen3_tts.codec.graphed import GraphedDecoder
 from streamvox.models.qwen3_tts.model.modules import DenseCache
 from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel, VoiceSpec
+from streamvox.models.qwen3_tts.openai_voices import served_voices, speaker_for
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper, row_bucket, width_bucket
 from streamvox.models.qwen3_tts.runtime.timing import StepTiming
 from streamvox.models.qwen3_tts.sampling import SamplerSettings, apply_repetition_penalty, select
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import IncrementalText
-from streamvox.models.qwen3_tts.voices import served_voices, speaker_for
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class Qwen3TTSRunner:
             name=name or (model.model_dir.name if model.model_dir else "qwen3-tts"),
             family="qwen3_tts",
             sample_rate=sr,
-            voices=served_voices(self.task, speakers),  # with OpenAI's voice names (qwen3_tts/voices.py)
+            voices=served_voices(self.task, speakers),  # with OpenAI's voice names (qwen3_tts/openai_voices.py)
             default_voice=speakers[0] if (self.task == "custom_voice" and speakers) else "default",
             languages=cfg.languages,
             task_types=[self.task],

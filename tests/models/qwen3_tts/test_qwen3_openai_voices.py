@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from benchmarks.build_tiny_qwen3 import build
 from streamvox.contract import SamplingParams, SpeechRequest
-from streamvox.models.qwen3_tts.model.prompt import Qwen3TTSModel
-from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
-from streamvox.models.qwen3_tts.voices import OPENAI_VOICES, openai_voice_speakers, served_voices, speaker_for
+from streamvox.models.qwen3_tts.openai_voices import (
+    OPENAI_VOICES,
+    openai_voice_speakers,
+    served_voices,
+    speaker_for,
+)
+from streamvox.models.registry import load_runner
 from tests.helpers.openai_voices import openai_sdk_voice_names
-from tests.helpers.qwen3_harness import FrameLog, run_solo
-from tests.helpers.qwen3_tiny import build_tiny_checkpoint
+from tests.helpers.qwen3_harness import RecordingSink, drain
 
 RELEASED = ["aiden", "dylan", "eric", "ono_anna", "ryan", "serena", "sohee", "uncle_fu", "vivian"]
 
@@ -49,19 +54,23 @@ def test_served_voices_by_task():
 
 
 @pytest.fixture(scope="module")
-def cv_model(tmp_path_factory):
-    return Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path_factory.mktemp("cv"), "custom_voice",
-                                                               seed=11))
+def cv_runner(tmp_path_factory):
+    return load_runner(str(build(tmp_path_factory.mktemp("cv") / "tiny-cv", "custom_voice", seed=11)), device="cpu")
 
 
-def test_custom_voice_runner_speaks_openai_names_as_their_speakers(cv_model):
-    runner = Qwen3TTSRunner(cv_model, None, on_frame=(log := FrameLog()))
-    assert runner.info.voices[:3] == ["alice", "bob", "dylan"] and set(OPENAI_VOICES) <= set(runner.info.voices)
+def _speak(runner, request_id: str, voice: str) -> np.ndarray:
+    sink = RecordingSink()
+    runner.add(SpeechRequest(request_id=request_id, text="Hello there.", voice=voice, language="english",
+                             sampling=SamplingParams(temperature=0.0, max_new_tokens=12)))
+    drain(runner, sink)
+    assert request_id in sink.done, sink.errors
+    return np.concatenate(sink.audio_chunks[request_id])
+
+
+def test_custom_voice_checkpoint_speaks_openai_names_as_their_speakers(cv_runner):
+    assert cv_runner.info.voices[:3] == ["alice", "bob", "dylan"] and set(OPENAI_VOICES) <= set(cv_runner.info.voices)
+    assert cv_runner.info.default_voice == "alice"
     mapping = openai_voice_speakers(["alice", "bob", "dylan"])
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     for name in ("marin", "cedar", "alloy"):
-        as_openai = run_solo(runner, log, SpeechRequest(request_id=name, text="Hello there.", voice=name,
-                                                        language="english", sampling=greedy))
-        as_speaker = run_solo(runner, log, SpeechRequest(request_id=f"{name}-speaker", text="Hello there.",
-                                                         voice=mapping[name], language="english", sampling=greedy))
-        assert as_openai == as_speaker and as_openai
+        as_openai = _speak(cv_runner, name, name)
+        assert len(as_openai) and np.array_equal(as_openai, _speak(cv_runner, f"{name}-speaker", mapping[name]))
