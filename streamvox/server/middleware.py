@@ -42,7 +42,6 @@ OPEN_PATHS = frozenset({"/health"})  # answered without the API key (up or down 
 REQUEST_ID_HEADER = b"x-request-id"
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII: safe in headers and log lines
 
-
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("streamvox_request_id", default=None)
 
 
@@ -70,7 +69,7 @@ class RequestIdLogFilter(logging.Filter):
         return True
 
 
-def _with_request_id(headers, value: bytes) -> list:
+def _with_request_id(headers: list[tuple[bytes, bytes]], value: bytes) -> list[tuple[bytes, bytes]]:
     return [(name, v) for name, v in headers if name.lower() != REQUEST_ID_HEADER] + [(REQUEST_ID_HEADER, value)]
 
 
