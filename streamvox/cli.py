@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamvox.audio.formats import FORMATS, encode_audio
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.events import EngineUnavailable
 from streamvox.models.registry import DEFAULT_MODEL
 from streamvox.server.audio_out import AudioOut
 from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
 
+if TYPE_CHECKING:
+    import uvicorn
+
+    from streamvox.server.app import AppState
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    import uvloop
 
     from streamvox.server.app import build_app
 
@@ -45,19 +54,56 @@ def _serve(args: argparse.Namespace) -> int:
                               media=media, allowed_origins=origins, voices_dir=args.voices_dir, env=env)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
-                            log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
+                            log_level=args.log_level, log_config=_log_config(), ws_max_size=16 * 1024 * 1024,
                             ws_per_message_deflate=False)  # compressing base64 audio costs loop time
     server = uvicorn.Server(config)
-    app.state.streamvox.request_exit = lambda: setattr(server, "should_exit", True)
+    state = app.state.streamvox
+    state.request_exit = lambda: setattr(server, "should_exit", True)
     try:
-        server.run()
+        load_failure = uvloop.run(_load_then_serve(server, state))
     except KeyboardInterrupt:  # SIGINT: uvicorn re-raises it once it has shut down gracefully
         return 0
-    exit_code = app.state.streamvox.engine_exit_code
+    if load_failure is not None:
+        print(f"streamvox: cannot load model {args.model!r}: {load_failure}", file=sys.stderr)
+        return 2
+    exit_code = state.engine_exit_code
     if exit_code is not None:
         print(f"streamvox: the engine process exited ({exit_code}); exiting for the supervisor", file=sys.stderr)
         return 3
     return 0
+
+
+async def _load_then_serve(server: uvicorn.Server, state: AppState) -> str | None:
+    """Load the model (start the engine), then serve. A model that cannot load ends it here, before the server
+    starts, with the one line the engine core sent (returned) rather than uvicorn's lifespan traceback."""
+    try:
+        await state.engine.start()
+    except EngineUnavailable as error:
+        await state.engine.shutdown()
+        return str(error)
+    state.engine_started = True
+    await server.serve()
+    return None
+
+
+def _log_config() -> dict:
+    """uvicorn's logging, and the root logger's, with each line about a request tagged `[x-request-id]`."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    from streamvox.server.middleware import RequestIdLogFilter
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"request_id": {"()": RequestIdLogFilter}}
+    formatters = config["formatters"]
+    formatters["default"]["fmt"] = "%(levelprefix)s %(request_tag)s%(message)s"
+    formatters["access"]["fmt"] = '%(levelprefix)s %(request_tag)s%(client_addr)s - "%(request_line)s" %(status_code)s'
+    formatters["streamvox"] = {"format": "%(levelname)s:%(name)s:%(request_tag)s%(message)s"}
+    config["handlers"]["streamvox"] = {"class": "logging.StreamHandler", "formatter": "streamvox",
+                                       "stream": "ext://sys.stderr"}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["request_id"]
+    config["root"] = {"handlers": ["streamvox"], "level": "WARNING"}
+    return config
 
 
 async def _speak_async(args: argparse.Namespace) -> np.ndarray:

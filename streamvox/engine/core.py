@@ -24,6 +24,7 @@ import math
 import os
 import time
 import traceback
+from multiprocessing.connection import Connection
 
 import msgspec
 import numpy as np
@@ -44,6 +45,7 @@ _IDLE_POLL_MS = 500  # also how often an idle core checks that its parent is ali
 # the core at once.
 _BATCH_WINDOW_S = 0.002
 _CORE_NICE = 5
+LOAD_FAILED_EXIT = 2  # the core's exit status when its model could not load
 
 
 class FrontEndGone(Exception):
@@ -246,11 +248,36 @@ class EngineCore:
         self._context.term()
 
 
-def run_engine_core(model: str, model_options: dict, input_address: str, output_address: str) -> None:
-    """Process entry point: load the model, then serve until shutdown or a crash."""
+def _load_runner(model: str, model_options: dict, load_failures: Connection | None) -> Runner:
+    """The model's runner; if it cannot load, one line saying why goes to `load_failures` (the supervisor)
+    and the process exits with LOAD_FAILED_EXIT."""
+    from streamvox.models.load_failure import explain_load_failure
     from streamvox.models.registry import load_runner
 
+    try:
+        # Fault injection for tests of the restart backoff: while this file exists, the core fails at start.
+        fault_file = EngineEnv.from_env().fault_engine_start_file
+        if fault_file and os.path.exists(fault_file):
+            raise RuntimeError(f"injected start failure ({fault_file} exists)")
+        return load_runner(model, **model_options)
+    except Exception as exc:
+        failure = explain_load_failure(model, exc)
+        if not failure.recognised:
+            log.error("loading model %r failed:\n%s", model, traceback.format_exc())
+        if load_failures is not None:
+            load_failures.send(failure.message)
+            load_failures.close()
+        else:
+            log.error("cannot load model %r: %s", model, failure.message)
+        raise SystemExit(LOAD_FAILED_EXIT) from None
+
+
+def run_engine_core(model: str, model_options: dict, input_address: str, output_address: str,
+                    load_failures: Connection | None = None) -> None:
+    """Process entry point: load the model, then serve until shutdown or a crash."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    for client in ("httpx", "httpx2"):  # a line per HTTP request of a model download: the progress bar says it
+        logging.getLogger(client).setLevel(logging.WARNING)
     # The server's event loop is the latency-critical process: when the CPUs are contended, it gets the larger
     # share (its lag is what every stream's timing rests on). The core still gets every idle cycle. Measured on
     # the 2-core benchmark machine (200 SSE streams / c=64): nice 10 read 11.6 ms lag p99 but 211 ms TTFP p50;
@@ -259,13 +286,10 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
         os.nice(_CORE_NICE)
     except OSError:
         pass
+    runner = _load_runner(model, model_options, load_failures)
     core = None
     try:
-        # Fault injection for tests of the restart backoff: while this file exists, the core fails at start.
-        fault_file = EngineEnv.from_env().fault_engine_start_file
-        if fault_file and os.path.exists(fault_file):
-            raise RuntimeError(f"injected start failure ({fault_file} exists)")
-        core = EngineCore(load_runner(model, **model_options), input_address, output_address)
+        core = EngineCore(runner, input_address, output_address)
         core.run()
     except FrontEndGone:
         log.warning("the server process is gone; the engine core exits")

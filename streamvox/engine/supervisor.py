@@ -4,7 +4,9 @@ The supervisor owns the core process and the ZMQ sockets to it. It hands
 each message from the core to `on_message`, and tells `on_exit` when a core
 has exited (before any restart), so the client can fail what that core held.
 The client marks a new core ready (`mark_ready`) once it has told it what it
-must know (the cloned voices).
+must know (the cloned voices). A core whose model cannot load sends one line
+saying why through a pipe of its own and exits: the first start then raises
+`ModelLoadFailed` with that line; a restart logs it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import zmq
 
@@ -26,6 +29,10 @@ from streamvox.engine.events import EngineUnavailable
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGES_PER_WAKEUP = 256
+
+
+class ModelLoadFailed(EngineUnavailable):
+    """The engine core could not load its model; the message is one line with the cause and the fix."""
 
 
 class EngineSupervisor:
@@ -52,6 +59,8 @@ class EngineSupervisor:
         self.start_timeout_s = start_timeout_s
         self.on_core_exit: Callable[[int | None], None] | None = None  # instead of restarting: e.g. exit the server
         self.process: multiprocessing.process.BaseProcess | None = None
+        self._load_failures: Connection | None = None  # the running core's: one line if its model cannot load
+        self.load_failure: str | None = None  # that line, from the last core that exited
         self._ready = asyncio.Event()
         self._core_exited = asyncio.Event()
         self._closing = False
@@ -103,6 +112,8 @@ class EngineSupervisor:
         if self._ready.is_set():
             return
         if self._core_exited.is_set():
+            if self.load_failure is not None:
+                raise ModelLoadFailed(self.load_failure)
             raise EngineUnavailable("engine core exited before its model was ready; its log above says why")
         raise EngineUnavailable(f"engine core did not become ready in {self.start_timeout_s} s")
 
@@ -133,8 +144,11 @@ class EngineSupervisor:
                 pass
 
     def close(self) -> None:
-        """Close the sockets and the ZMQ context (after `shutdown`)."""
+        """Close the sockets, the load-failure pipe and the ZMQ context (after `shutdown`)."""
         self._close_sockets()
+        if self._load_failures is not None:
+            self._load_failures.close()
+            self._load_failures = None
         self._context.term()
 
     async def _spawn(self) -> None:
@@ -147,12 +161,15 @@ class EngineSupervisor:
         self._inbox.bind(output_address)
         self._ready.clear()
         self._core_exited.clear()
+        self.load_failure = None
         self._spawned_at = time.monotonic()
         context = multiprocessing.get_context("spawn")
+        self._load_failures, failures_out = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=run_engine_core, args=(self.model, self.model_options, input_address, output_address), daemon=True
-        )
+            target=run_engine_core, args=(self.model, self.model_options, input_address, output_address, failures_out),
+            daemon=True)
         await asyncio.to_thread(self.process.start)  # spawning pickles and forks: keep it off the loop
+        failures_out.close()  # the core holds its own end
         loop = asyncio.get_running_loop()
         loop.add_reader(self.process.sentinel, self._on_process_exit, self.process)
         loop.add_reader(self._inbox.getsockopt(zmq.FD), self._on_inbox_readable)
@@ -163,6 +180,7 @@ class EngineSupervisor:
         if process is not self.process:
             return
         self._ready.clear()
+        self.load_failure = self._read_load_failure()
         self._core_exited.set()
         self.on_exit()
         self._close_sockets()
@@ -170,11 +188,12 @@ class EngineSupervisor:
 
     async def _after_exit(self, process: multiprocessing.process.BaseProcess) -> None:
         await asyncio.to_thread(process.join)
-        if self._closing:
-            return
-        log.error("engine core exited with code %s", process.exitcode)
-        if not self._ever_ready:
-            return  # the first start failed: `wait_ready` reports it; restarting would only loop
+        if self._closing or not self._ever_ready:
+            return  # a failed first start: `wait_ready` reports it; restarting would only loop
+        if self.load_failure is not None:
+            log.error("engine core could not load its model: %s", self.load_failure)
+        else:
+            log.error("engine core exited with code %s", process.exitcode)
         if self.on_core_exit is not None:
             self.on_core_exit(process.exitcode)
         elif self.restart_on_crash:
@@ -195,6 +214,18 @@ class EngineSupervisor:
                     return
             self.restarts += 1
             await self._spawn()
+
+    def _read_load_failure(self) -> str | None:
+        """The line an exited core sent before exiting, if any (it is in the pipe already: no wait)."""
+        pipe, self._load_failures = self._load_failures, None
+        if pipe is None:
+            return None
+        try:
+            return pipe.recv() if pipe.poll() else None
+        except (EOFError, OSError):
+            return None
+        finally:
+            pipe.close()
 
     def _close_sockets(self) -> None:
         if self._inbox is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp
 
 from streamvox.agent.responder import Responder
 from streamvox.engine.client import AsyncEngine
@@ -18,7 +19,7 @@ from streamvox.server.demo_page import demo_routes
 from streamvox.server.errors import ERROR_HANDLERS
 from streamvox.server.housekeeping import trim_when_idle
 from streamvox.server.metrics import LoopLagMonitor, Metrics
-from streamvox.server.middleware import APIKeyMiddleware, OriginMiddleware
+from streamvox.server.middleware import APIKeyMiddleware, OriginMiddleware, RequestIdMiddleware
 from streamvox.server.realtime.endpoint import realtime_endpoint
 from streamvox.server.routes.health import health, metrics, models
 from streamvox.server.routes.speech import speech, speech_batch
@@ -35,6 +36,7 @@ class AppState:
     engine: AsyncEngine
     metrics: Metrics = field(default_factory=Metrics)
     lag: LoopLagMonitor | None = None
+    engine_started: bool = False  # `streamvox serve` starts the engine before the server (see cli.py)
     engine_exit_code: int | None = None  # set when the engine died and the server must exit
     request_exit: Callable[[], None] | None = None  # set by whoever runs the server
     responder: Responder | None = None  # thinker and ASR, when the server was started with them
@@ -64,7 +66,9 @@ def build_app(settings: ServerSettings) -> Starlette:
         housekeeping = asyncio.create_task(trim_when_idle(idle)) if settings.env.malloc_trim else None
         if settings.exit_on_engine_crash:
             state.engine.on_core_exit = lambda code: _exit_for_supervisor(state, code)
-        await state.engine.start()
+        if not state.engine_started:
+            await state.engine.start()
+            state.engine_started = True
         if state.responder is not None:
             await state.responder.start()
         # Startup objects (modules, the app, the model info) live for the whole run: frozen, they leave the
@@ -99,9 +103,16 @@ def build_app(settings: ServerSettings) -> Starlette:
     middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
+    app = _Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     app.state.streamvox = state
     return app
+
+
+class _Starlette(Starlette):
+    """With `RequestIdMiddleware` outside Starlette's own error middleware, so 500s carry `x-request-id` too."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIdMiddleware(super().build_middleware_stack())
 
 
 def _exit_for_supervisor(state: AppState, exitcode: int | None) -> None:

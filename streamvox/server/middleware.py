@@ -1,4 +1,11 @@
-"""The server's ASGI middleware: WebSocket origins, then API keys.
+"""The server's ASGI middleware: request ids, WebSocket origins, then API keys.
+
+Request ids (`RequestIdMiddleware`, outermost): every HTTP response, errors
+and streams included, and every WebSocket handshake carries `x-request-id`:
+the client's own when it sent a usable one (1-128 visible ASCII characters),
+else a new `req_<hex>`. While the request runs, the id is in a context
+variable: `RequestIdLogFilter` puts it in the server's log lines for that
+request, and `engine_request_id` into the engine request that serves it.
 
 Origins (`OriginMiddleware`): a WebSocket handshake without an `Origin` header
 (a non-browser client) is allowed; a browser's `Origin` is allowed when its
@@ -10,21 +17,91 @@ API keys (`APIKeyMiddleware`), on every route, HTTP and WebSocket: HTTP and
 SDK clients send `Authorization: Bearer <key>`. Browsers cannot set headers on
 a WebSocket, so they may offer the subprotocol `openai-insecure-api-key.<key>`
 (next to `realtime`) instead. The static `/demo` client page needs no key (it
-holds none; it takes one from its URL). A refused WebSocket is closed before it
-is accepted (the client sees HTTP 403).
+holds none; it takes one from its URL). `/health` needs none either, so that
+liveness probes (Kubernetes, load balancers) can call it; without the key it
+says only up or down (the route reads `api_key_valid` from the request state).
+A refused WebSocket is closed before it is accepted (the client sees HTTP 403).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hmac
+import logging
+import re
 import urllib.parse
+import uuid
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamvox.server.demo_page import is_public_path
 from streamvox.server.errors import APIError
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+OPEN_PATHS = frozenset({"/health"})  # answered without the API key (up or down only)
+REQUEST_ID_HEADER = b"x-request-id"
+_CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII: safe in headers and log lines
+
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("streamvox_request_id", default=None)
+
+
+def current_request_id() -> str | None:
+    """The `x-request-id` of the HTTP request or WebSocket being served, if any."""
+    return _request_id.get()
+
+
+def engine_request_id(prefix: str) -> str:
+    """A unique engine request id ending in the `x-request-id` it serves, so the engine's log lines can be
+    found by it: `<prefix>_<12 hex>_<id>` (one HTTP request may start several engine requests, and a client
+    may reuse its ids); outside a request, `<prefix>_<32 hex>`."""
+    value = current_request_id()
+    unique = uuid.uuid4().hex
+    return f"{prefix}_{unique[:12]}_{value}" if value is not None else f"{prefix}_{unique}"
+
+
+class RequestIdLogFilter(logging.Filter):
+    """Gives every log record `request_id` (`-` outside a request) and `request_tag` (`[id] `, or empty)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        value = current_request_id()
+        record.request_id = value or "-"
+        record.request_tag = f"[{value}] " if value else ""
+        return True
+
+
+def _with_request_id(headers: list[tuple[bytes, bytes]], value: bytes) -> list[tuple[bytes, bytes]]:
+    return [(name, v) for name, v in headers if name.lower() != REQUEST_ID_HEADER] + [(REQUEST_ID_HEADER, value)]
+
+
+class RequestIdMiddleware:
+    """`x-request-id` on every response and handshake; the id in a context variable while the request runs."""
+
+    _RESPONSE_STARTS = ("http.response.start", "websocket.accept", "websocket.http.response.start")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        sent = next((value for name, value in scope.get("headers", []) if name == REQUEST_ID_HEADER), None)
+        if sent is not None and _CLIENT_REQUEST_ID.fullmatch(sent):
+            request_id = sent.decode("ascii")
+        else:
+            request_id = f"req_{uuid.uuid4().hex}"
+        encoded = request_id.encode("ascii")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] in self._RESPONSE_STARTS:
+                message = {**message, "headers": _with_request_id(message.get("headers") or [], encoded)}
+            await send(message)
+
+        token = _request_id.set(request_id)
+        await self.app(scope, receive, send_with_id)
+        # Not reset on an exception: uvicorn's "Exception in ASGI application" line then carries the id too
+        # (each request runs in a task of its own, whose context ends with it).
+        _request_id.reset(token)
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -52,7 +129,9 @@ class APIKeyMiddleware:
         return key is not None and hmac.compare_digest(key.encode(), self.api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not is_public_path(scope["path"]) and not self._allowed(_bearer(scope)):
+        if scope["type"] == "http" and scope["path"] in OPEN_PATHS:
+            scope.setdefault("state", {})["api_key_valid"] = self._allowed(_bearer(scope))
+        elif scope["type"] == "http" and not is_public_path(scope["path"]) and not self._allowed(_bearer(scope)):
             error = APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.")
             await error.response()(scope, receive, send)
             return

@@ -7,6 +7,7 @@ import base64
 import binascii
 import io
 import math
+import re
 from dataclasses import dataclass
 
 import msgspec
@@ -123,6 +124,13 @@ def _b64(value: str) -> bytes:
         raise APIError(400, "'ref_audio' is not valid base64.", "ref_audio") from exc
 
 
+def task_type_name(name: str) -> str:
+    """A task type in the model's spelling: vLLM-Omni's `CustomVoice`, `VoiceDesign`, `Base`, and `custom-voice`
+    or `Custom Voice`, all name `custom_voice`, `voice_design`, `base`."""
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.strip())
+    return re.sub(r"[\s_-]+", "_", words).lower()
+
+
 def reject_unknown(body: dict, known: frozenset[str] | set[str]) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
@@ -150,9 +158,11 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
     sample_rate = _in_range("sample_rate", _field(body, "sample_rate", int, DEFAULT_SAMPLE_RATE),
                             MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
     task_type = _field(body, "task_type", str)
-    if task_type is not None and info.task_types and task_type not in info.task_types:
-        raise APIError(400, f"Model '{info.name}' does not support task_type '{task_type}'; it supports "
-                            f"{', '.join(info.task_types)}.", "task_type")
+    if task_type is not None:
+        asked, task_type = task_type, task_type_name(task_type)
+        if info.task_types and task_type not in map(task_type_name, info.task_types):
+            raise APIError(400, f"Model '{info.name}' does not support task_type '{asked}'; it supports "
+                                f"{', '.join(info.task_types)}.", "task_type")
     ref_pcm, ref_rate = None, None
     if (ref_audio := _field(body, "ref_audio", str)) is not None:
         ref_pcm, ref_rate = decode_ref_audio(ref_audio, policy)

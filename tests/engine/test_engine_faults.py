@@ -119,7 +119,7 @@ def test_engine_failing_at_first_start_exits_instead_of_looping():
                               "/nonexistent/model/dir", "--log-level", "warning"], capture_output=True, timeout=60)
     assert process.returncode != 0
     assert time.monotonic() - started < 30
-    assert b"engine core exited before its model was ready" in process.stderr
+    assert b"streamvox: cannot load model '/nonexistent/model/dir'" in process.stderr
 
 
 def _alive(pid: int) -> bool:

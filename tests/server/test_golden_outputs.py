@@ -2,8 +2,8 @@
 
 Covers espeak (pcm files, two voices, SSE deltas; a wav file is that pcm behind a streaming header), the tiny
 Qwen3-TTS CustomVoice and Base checkpoints (greedy, fixed seed) and one OpenAI Realtime response (its event
-sequence and audio). `tests/server/golden/outputs.json` holds a SHA-256 per case; regenerate it only for an intended change of
-output, with `STREAMVOX_WRITE_GOLDEN=1 pytest tests/server/test_golden_outputs.py`.
+sequence and audio). `tests/server/golden/outputs.json` holds a SHA-256 per case; regenerate it only for an
+intended change of output, with `STREAMVOX_WRITE_GOLDEN=1 pytest tests/server/test_golden_outputs.py`.
 """
 
 from __future__ import annotations

@@ -48,11 +48,12 @@ def keyed_server():
 
 
 HTTP_ROUTES = [
-    ("GET", "/health", None), ("GET", "/v1/models", None), ("GET", "/v1/audio/voices", None),
+    ("GET", "/v1/models", None), ("GET", "/v1/audio/voices", None),
     ("GET", "/metrics", None), ("POST", "/v1/audio/speech", SPEECH),
     ("POST", "/v1/audio/speech", {**SPEECH, "stream_format": "sse"}),
     ("POST", "/v1/audio/speech", {**SPEECH, "stream_format": "audio"}),
     ("POST", "/v1/audio/speech/batch", {"items": [SPEECH]}), ("GET", "/no/such/route", None),
+    ("GET", "/no/health", None), ("GET", "/health/no", None),
 ]
 
 
@@ -66,7 +67,18 @@ def test_api_key_protects_every_http_route(keyed_server, method, path, body):
         error = response.json()["error"]
         assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
     response = httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    assert response.status_code == (404 if path.startswith("/no/") else 200), response.text[:200]
+    assert response.status_code == (404 if "/no" in path else 200), response.text[:200]
+
+
+def test_health_stays_open_with_an_api_key_and_says_only_up_or_down(keyed_server):
+    """Liveness probes (Kubernetes, load balancers) carry no key; the details still need one."""
+    url = f"{keyed_server.url}/health"
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        response = httpx.get(url, headers=headers, timeout=10)
+        assert response.status_code == 200 and response.json() == {"status": "ok"}, response.text
+    detailed = httpx.get(url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
+    assert detailed["status"] == "ok" and detailed["model"] == "espeak" and "engine_pid" in detailed
+    assert httpx.head(url, timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/v1/realtime?model=espeak", "/v1/audio/speech/stream"])

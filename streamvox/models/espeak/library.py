@@ -24,14 +24,18 @@ _BUFFER_MS = 50
 DEFAULT_WPM = 175  # eSpeak's speaking rate at speed 1.0, in words per minute
 MIN_WPM, MAX_WPM = 80, 450  # the rates eSpeak accepts
 
-# OpenAI's voice names, so clients written for OpenAI TTS work unmodified.
+# OpenAI's voice names (every name in the `openai` SDK's speech and realtime voice lists), so clients written
+# for OpenAI TTS work unmodified: an English voice, most with an eSpeak variant of the voice's gender.
+# docs/voices.md lists the mapping.
 OPENAI_VOICE_ALIASES = {
     "alloy": "en-us",
     "ash": "en-us+m3",
     "ballad": "en+m2",
+    "cedar": "en-us+m5",
     "coral": "en-us+f2",
     "echo": "en-us+m1",
     "fable": "en",
+    "marin": "en-us+f5",
     "nova": "en-us+f3",
     "onyx": "en-us+m7",
     "sage": "en-us+f4",

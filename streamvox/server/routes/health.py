@@ -1,4 +1,7 @@
-"""`GET /health` (200 when the engine is ready, else 503), `GET /v1/models` and `GET /metrics` (Prometheus)."""
+"""`GET /health` (200 when the engine is ready, else 503), `GET /v1/models` and `GET /metrics` (Prometheus).
+
+With `--api-key`, `/health` stays open for liveness probes: a caller without the key learns only up or down.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ from starlette.responses import JSONResponse, Response
 
 async def health(request: Request) -> Response:
     engine = request.app.state.streamvox.engine
+    if not getattr(request.state, "api_key_valid", True):  # set by APIKeyMiddleware
+        return JSONResponse({"status": "ok"} if engine.is_ready else {"status": "unavailable"},
+                            status_code=200 if engine.is_ready else 503)
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
                              "engine_restarts": engine.restarts})

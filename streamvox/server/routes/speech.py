@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamvox.audio.formats import CONTENT_TYPES, StreamEncoder, encode_audio, encoded_sample_rate
 from streamvox.contract import SpeechRequest
-from streamvox.engine.client import AsyncEngine, new_request_id
+from streamvox.engine.client import AsyncEngine
 from streamvox.engine.events import Done, EngineError
 from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
+from streamvox.server.middleware import engine_request_id
 from streamvox.server.speech_params import SpeechParams, parse_speech
 from streamvox.settings import MediaPolicy
 
@@ -66,7 +67,7 @@ async def read_json(request: Request) -> object:
 async def parse_body(engine: AsyncEngine, body: object, policy: MediaPolicy) -> SpeechParams:
     if engine.info is None:
         raise APIError(503, "The speech engine is starting.", code="engine_unavailable")
-    request_id = new_request_id("speech")
+    request_id = engine_request_id("speech")  # ends in the request's x-request-id
     if isinstance(body, dict) and body.get("ref_audio") is not None:  # decoding audio is compute
         return await asyncio.to_thread(parse_speech, body, engine.info, request_id, policy)
     return parse_speech(body, engine.info, request_id, policy)

@@ -8,6 +8,7 @@ import torch
 
 from streamvox.contract import RequestError, SamplingParams, SpeechRequest
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
+from streamvox.models.qwen3_tts.openai_voices import OPENAI_VOICES
 from streamvox.models.qwen3_tts.runtime.loader import load_runner
 from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
 from streamvox.settings import Qwen3Settings
@@ -264,7 +265,8 @@ def test_validation_errors(cv_model, tmp_path):
     assert err(initial_codec_chunk_frames=0).param == "initial_codec_chunk_frames"
     runner.add(SpeechRequest(request_id="v", text="Hi."))
     assert err().param == "request_id"
-    assert runner.info.voices == ["alice", "bob", "dylan"] and runner.info.task_types == ["custom_voice"]
+    assert runner.info.voices == ["alice", "bob", "dylan", *OPENAI_VOICES]
+    assert runner.info.task_types == ["custom_voice"]
     assert runner.info.streaming_text and "english" in runner.info.languages
     assert "beijing_dialect" not in runner.info.languages
 

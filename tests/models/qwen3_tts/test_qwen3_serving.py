@@ -21,6 +21,7 @@ import pytest
 import soundfile
 
 from benchmarks.build_tiny_qwen3 import build
+from streamvox.models.qwen3_tts.openai_voices import OPENAI_VOICES
 from tests.helpers.audio import parse_sse, sse_pcm
 from tests.helpers.server import start_server
 
@@ -59,7 +60,7 @@ def test_models_and_voices(cv_server):
     model = httpx.get(f"{cv_server.url}/v1/models").json()["data"][0]
     assert model["family"] == "qwen3_tts" and model["sample_rate"] == 24000
     voices = httpx.get(f"{cv_server.url}/v1/audio/voices").json()
-    assert voices["voices"] == voices["builtin_voices"] == ["alice", "bob", "dylan"]
+    assert voices["voices"] == voices["builtin_voices"] == ["alice", "bob", "dylan", *OPENAI_VOICES]
     assert voices["custom_voices"] == [] and voices["voice_cloning"] is False
 
 

@@ -17,6 +17,7 @@ import torch
 from streamvox.contract import RequestError, SpeechRequest
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.model.prompt import VoiceSpec
+from streamvox.models.qwen3_tts.openai_voices import speaker_for
 from streamvox.models.qwen3_tts.runtime.voices import VoiceCloning
 from streamvox.models.qwen3_tts.sampling import SamplerSettings
 from streamvox.models.qwen3_tts.text import IncrementalText
@@ -160,7 +161,7 @@ class Admission:
         instructions = (r.instructions or "").strip()
         if task == "custom_voice":
             speakers = {k.lower(): k for k in tc.spk_id}
-            voice = (r.voice or self.default_voice).strip().lower()
+            voice = speaker_for(r.voice or self.default_voice, tc.spk_id).strip().lower()
             if voice not in speakers:
                 raise RequestError(f"unknown voice {r.voice!r}; available: {', '.join(sorted(speakers))}",
                                    param="voice")

@@ -28,6 +28,7 @@ import torch
 from streamvox.contract import ModelInfo, OutputSink, RequestError, SpeechRequest
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.model.prompt import PromptBuilder
+from streamvox.models.qwen3_tts.openai_voices import served_voices
 from streamvox.models.qwen3_tts.runtime.decode_pipeline import DecodePipeline, StreamingCodec
 from streamvox.models.qwen3_tts.runtime.eager import EagerPath
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper, width_bucket
@@ -97,7 +98,7 @@ class Qwen3TTSRunner:
             name=name or (model.model_dir.name if model.model_dir else "qwen3-tts"),
             family="qwen3_tts",
             sample_rate=sr,
-            voices=speakers if self.task == "custom_voice" else [],
+            voices=served_voices(self.task, speakers),  # with OpenAI's voice names (qwen3_tts/openai_voices.py)
             default_voice=speakers[0] if (self.task == "custom_voice" and speakers) else "default",
             languages=cfg.languages,
             task_types=[self.task],
