@@ -11,7 +11,8 @@ at once; later audio is merged while the client still has plenty of audio
 ahead of its playback. This is the one place output is resampled: a request
 whose `SpeechRequest.sample_rate` differs from the model's has its deltas
 resampled here as they leave (few, large calls, one stateful resampler per
-request), off the server's event loop. Everything one loop iteration
+request), off the server's event loop. Word timings leave right after the
+audio they cover (`word_gate.WordGate`). Everything one loop iteration
 produces leaves as one ZMQ message (`messages.Outputs`).
 """
 from __future__ import annotations
@@ -26,9 +27,10 @@ import numpy as np
 import zmq
 
 from streamvox.audio.resample import Resampler
-from streamvox.contract import RequestError, Runner, SpeechRequest
+from streamvox.contract import RequestError, Runner, SpeechRequest, WordTimings
 from streamvox.engine import messages as m
 from streamvox.engine.pacer import Pacer
+from streamvox.engine.word_gate import WordGate
 from streamvox.settings import EngineEnv
 
 log = logging.getLogger(__name__)
@@ -63,12 +65,16 @@ class EngineCore:
         self._audio: list[tuple[str, np.ndarray]] = []  # this iteration's outgoing deltas
         self._ended: list[m.Finished | m.Failed] = []
         self._resamplers: dict[str, Resampler] = {}  # requests whose output rate is not the model's
+        self.words_gate = WordGate()  # word timings of the requests that asked for them
 
     # OutputSink
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
         if self.pacer.add(request_id, pcm, self._now, self._audio):
             self._send_outputs()  # a first packet leaves now, even in the middle of a long step
+
+    def words(self, request_id: str, timings: WordTimings) -> None:
+        self.words_gate.add(request_id, timings)
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
         self.pacer.end(request_id, self._now, self._audio)
@@ -79,15 +85,29 @@ class EngineCore:
         self._ended.append(m.Failed(request_id, error.message, error.code, error.param))
 
     def _send_outputs(self) -> None:
-        if not self._audio and not self._ended:
+        if not self._audio and not self._ended and not self.words_gate.waiting:
             return
         if self._resamplers:
             self._resample()
-        header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
+        words = self._due_words()
+        if not self._audio and not self._ended and not words:
+            return
+        header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended,
+                                                   words))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
         self._push(frames)
         self._audio = []
         self._ended = []
+
+    def _due_words(self) -> list[m.RequestWords]:
+        """The word timings whose audio leaves with this message (or before it); an ended request's rest."""
+        gate, due = self.words_gate, []
+        for request_id, pcm in self._audio:
+            gate.sent(request_id, len(pcm))
+        gate.take_due(due)
+        for end in self._ended:
+            gate.close(end.request_id, due if isinstance(end, m.Finished) else None)
+        return [m.RequestWords(request_id, timings) for request_id, timings in due]
 
     def _resample(self) -> None:
         """This iteration's deltas at their requests' output rates; a finished request's resampler tail goes last."""
@@ -173,6 +193,7 @@ class EngineCore:
                     self.runner.release(request_id)
                     self.pacer.drop(request_id)
                     self._resamplers.pop(request_id, None)
+                    self.words_gate.close(request_id, None)
                 case m.AddVoice():
                     self._add_voice(message)
                 case m.RemoveVoice(name=name):
@@ -186,12 +207,17 @@ class EngineCore:
         rate = request.sample_rate
         if rate is not None and not 1000 <= rate <= 384000:
             raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
+        if request.word_timestamps and not info.word_timestamps:
+            raise RequestError(f"Model '{info.name}' gives no word timings.", param="word_timestamps")
         if rate is not None and rate != info.sample_rate:
             self._resamplers[request.request_id] = Resampler(info.sample_rate, rate)
+        if request.word_timestamps:
+            self.words_gate.open(request.request_id, rate or info.sample_rate)
         try:
             self.runner.add(request)
         except RequestError:
             self._resamplers.pop(request.request_id, None)
+            self.words_gate.close(request.request_id, None)
             raise
 
     def _add_voice(self, message: m.AddVoice) -> None:
