@@ -17,6 +17,7 @@ from streamvox.audio.formats import FORMATS, STREAMABLE_FORMATS
 from streamvox.contract import ModelInfo, SamplingParams, SpeechRequest
 from streamvox.server.errors import APIError
 from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES, load_ref_audio_url
+from streamvox.server.word_timestamps import parse_word_timestamps
 from streamvox.settings import MediaPolicy
 
 MAX_INPUT_CHARS = 4096
@@ -30,6 +31,7 @@ MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SETTINGS_FIELDS = frozenset({
     "model", "voice", "instructions", "speed", "sample_rate", "language", "task_type", "ref_audio", "ref_text",
     "max_new_tokens", "seed", "initial_codec_chunk_frames", "temperature", "top_k", "top_p", "repetition_penalty",
+    "word_timestamps",
 })
 _HTTP_FIELDS = SETTINGS_FIELDS | {"input", "response_format", "stream_format", "stream"}
 
@@ -180,6 +182,7 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
         initial_codec_chunk_frames=_in_range(
             "initial_codec_chunk_frames", _field(body, "initial_codec_chunk_frames", int), 1, 100),
         sample_rate=sample_rate,
+        word_timestamps=parse_word_timestamps(body, info),
     )
 
 
@@ -205,4 +208,7 @@ def parse_speech(body: object, info: ModelInfo, request_id: str, policy: MediaPo
     if mode in ("sse", "audio") and response_format not in STREAMABLE_FORMATS:
         raise APIError(400, f"Streaming ({mode}) carries pcm or wav, not '{response_format}'.", "response_format")
     template = parse_speech_settings(body, info, policy)
+    if template.word_timestamps and mode == "audio":
+        raise APIError(400, "Word timestamps come with stream_format 'sse' or a whole (JSON) response, not with "
+                            "stream_format 'audio'.", "word_timestamps")
     return SpeechParams(msgspec.structs.replace(template, request_id=request_id, text=text), response_format, mode)

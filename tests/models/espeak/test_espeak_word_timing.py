@@ -66,7 +66,7 @@ def _clause_events(text: str) -> list[tuple[str, list[SynthEvent], int]]:
     out = []
     for clause in split_text(text, "clause", max_words=24):
         events, samples = [], []
-        espeak.synthesize(clause, lambda pcm: samples.append(len(pcm)) or True, events)
+        espeak.synthesize(clause, lambda pcm, parts=samples: parts.append(len(pcm)) or True, events)
         out.append((clause, events, sum(samples)))
     return out
 
