@@ -21,6 +21,7 @@ _CHARS_UTF8 = 1
 _ENDPAUSE = 0x1000
 _RATE = 1
 _BUFFER_MS = 50
+_PHONEME_SEPARATOR = ord("_") << 8  # espeak_TextToPhonemes: "_" between phoneme names
 
 DEFAULT_WPM = 175  # eSpeak's speaking rate at speed 1.0, in words per minute
 MIN_WPM, MAX_WPM = 80, 450  # the rates eSpeak accepts
@@ -101,6 +102,7 @@ class EspeakLibrary:
             raise RuntimeError("eSpeak NG failed to initialise")
         self._on_samples = None
         self._events: list[SynthEvent] | None = None
+        self._text_to_phonemes = None
         self._callback = _SynthCallback(self._dispatch)  # kept referenced while the library holds it
         self._lib.espeak_SetSynthCallback(self._callback)
 
@@ -135,6 +137,19 @@ class EspeakLibrary:
 
     def set_rate(self, words_per_minute: int) -> None:
         self._lib.espeak_SetParameter(_RATE, words_per_minute, 0)
+
+    def phonemes(self, text: str) -> list[str]:
+        """eSpeak's phoneme names (its ASCII alphabet, stress marks attached) for `text`, in the current voice."""
+        if self._text_to_phonemes is None:
+            self._text_to_phonemes = self._lib.espeak_TextToPhonemes
+            self._text_to_phonemes.restype = ctypes.c_char_p
+            self._text_to_phonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
+        cursor = ctypes.c_char_p(text.encode())  # advanced clause by clause; NULL at the end
+        names = []
+        while cursor.value:
+            clause = self._text_to_phonemes(ctypes.byref(cursor), _CHARS_UTF8, _PHONEME_SEPARATOR)
+            names += (clause or b"").decode().replace(" ", "_").split("_")
+        return [name for name in names if name]
 
     def synthesize(self, text: str, on_samples: Callable[[np.ndarray], bool],
                    events: list[SynthEvent] | None = None) -> None:
