@@ -73,8 +73,18 @@ class WordGate:
                 self.waiting.discard(request_id)
 
     def close(self, request_id: str, out: list[tuple[str, WordTimings]] | None) -> None:
-        """The request ended: its pending timings go to `out` (its last audio has left), or are dropped (None)."""
+        """The request ended: its pending timings go to `out` (its last audio has left), or are dropped (None).
+
+        Times past the end of the audio sent (a stretched request's audio can come out a little shorter
+        than its scaled times) are moved to that end: timings lie within the audio.
+        """
         gated = self._requests.pop(request_id, None)
         self.waiting.discard(request_id)
-        if gated is not None and out is not None:
-            out.extend((request_id, timings) for timings in gated.pending)
+        if gated is None or out is None:
+            return
+        duration = gated.sent / gated.rate
+        for timings in gated.pending:
+            if timings.end[-1] > duration:
+                timings = WordTimings(timings.words, [min(t, duration) for t in timings.start],
+                                      [min(t, duration) for t in timings.end], timings.char_start, timings.char_end)
+            out.append((request_id, timings))

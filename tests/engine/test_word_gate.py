@@ -37,9 +37,10 @@ def test_an_ended_request_sends_the_rest_and_a_failed_or_cancelled_one_drops_it(
         gate.open(request_id, 1000)
         gate.add(request_id, _timings((0.0, 3.0)))
     out = []
+    gate.sent("ok", 2500)
     gate.close("ok", out)
     gate.close("failed", None)
-    assert [(r, t.words) for r, t in out] == [("ok", ["w0"])]
+    assert [(r, t.words, t.end) for r, t in out] == [("ok", ["w0"], [2.5])]  # within the audio sent
     gate.add("failed", _timings((0.0, 1.0)))  # after its end: ignored
     assert not gate.waiting
 
