@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from streamvox.audio.formats import FORMATS, encode_audio
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import EngineUnavailable
-from streamvox.models.registry import DEFAULT_MODEL
+from streamvox.models.registry import ALIGNERS, DEFAULT_MODEL
 from streamvox.server.audio_out import AudioOut
 from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
 
@@ -134,7 +135,20 @@ def _speak(args: argparse.Namespace) -> int:
 
 
 def _model_options(args: argparse.Namespace) -> dict:
-    return {"device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}
+    options = {"device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}
+    if args.aligner is not None:
+        options["aligner"] = _check_aligner(args.aligner)
+    return options
+
+
+def _check_aligner(aligner: str) -> str:
+    if aligner not in ALIGNERS:
+        raise SystemExit(f"streamvox: --aligner {aligner!r} is not available yet: the GPU aligner "
+                         "(Qwen3-ForcedAligner-0.6B, a directory or repo id) still needs a GPU run to land; "
+                         "use --aligner pocketsphinx (English, CPU)")
+    if importlib.util.find_spec("pocketsphinx") is None:
+        raise SystemExit("streamvox: --aligner pocketsphinx needs the 'align' extra: pip install 'streamvox[align]'")
+    return aligner
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +158,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="Qwen3-TTS talker precision (default: bfloat16 on CUDA, float32 on the CPU)")
     parser.add_argument("--max-batch", type=int, default=None, help="Qwen3-TTS: concurrent requests in the AR stage")
+    parser.add_argument("--aligner", default=None, metavar="pocketsphinx",
+                        help="word timestamps for a model without its own (Qwen3-TTS): 'pocketsphinx' aligns "
+                             "English speech on the CPU (the 'align' extra); eSpeak times its words itself")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
 
 A request (`SpeechRequest`) goes in; a model family gives the engine core one
 `Runner`, which reports the served model (`ModelInfo`) and sends each request's
-audio to an `OutputSink`. The core owns the busy loop: it hands the runner new
+audio (and, when asked, its `WordTimings`) to an `OutputSink`. The core owns the busy loop: it hands the runner new
 requests, text and cancellations, then calls `step()` whenever the runner has
 work. A runner keeps every piece of per-request state (KV slot, pending text,
 sampler RNG, frame buffer, decoder state) keyed by request id and frees it in
@@ -50,6 +50,52 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     # leaves the core. It is the one place output is resampled: a front end sets the rate its client
     # wants here and never resamples; runners always produce the model's rate.
     sample_rate: int | None = None
+    # True: the runner also reports when each word is spoken (`OutputSink.words`); only where
+    # `ModelInfo.word_timestamps` (else a `RequestError`).
+    word_timestamps: bool = False
+
+
+class WordTimings(msgspec.Struct, frozen=True):
+    """When words of a request are spoken, as parallel arrays (one entry per word, in spoken order).
+
+    `start`/`end`: seconds from the request's first sample (resampling leaves them as they are).
+    `char_start`/`char_end`: the word's span in the request's whole input text (its initial text and every
+    fed text, concatenated); each word is that span verbatim, punctuation attached.
+    """
+
+    words: list[str]
+    start: list[float]
+    end: list[float]
+    char_start: list[int]
+    char_end: list[int]
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def slice(self, start: int, stop: int | None = None) -> WordTimings:
+        return WordTimings(self.words[start:stop], self.start[start:stop], self.end[start:stop],
+                           self.char_start[start:stop], self.char_end[start:stop])
+
+    def shifted(self, seconds: float = 0.0, chars: int = 0, time_scale: float = 1.0) -> WordTimings:
+        """These words in a longer stretch of audio and text: times scaled by `time_scale`, then moved by
+        `seconds`; character offsets moved by `chars`."""
+        return WordTimings(self.words, [t * time_scale + seconds for t in self.start],
+                           [t * time_scale + seconds for t in self.end],
+                           [c + chars for c in self.char_start], [c + chars for c in self.char_end])
+
+    @staticmethod
+    def join(parts: list[WordTimings]) -> WordTimings:
+        """Every word of `parts`, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        return WordTimings([w for p in parts for w in p.words], [t for p in parts for t in p.start],
+                           [t for p in parts for t in p.end], [c for p in parts for c in p.char_start],
+                           [c for p in parts for c in p.char_end])
+
+    def to_json(self) -> dict:
+        """The five parallel arrays, as the wire protocols carry them."""
+        return {"words": self.words, "start": self.start, "end": self.end, "char_start": self.char_start,
+                "char_end": self.char_end}
 
 
 class ModelInfo(msgspec.Struct, frozen=True):
@@ -65,6 +111,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     streaming_text: bool = False  # True: text may arrive token by token mid-generation
     native_speed: bool = False  # True: the model applies `speed` itself
     voice_cloning: bool = False  # True: POST /v1/audio/voices is offered
+    word_timestamps: bool = False  # True: requests may ask for `WordTimings` (`SpeechRequest.word_timestamps`)
 
 
 class RequestError(Exception):
@@ -82,6 +129,12 @@ class OutputSink(Protocol):
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
         """A delta of mono float32 PCM at `ModelInfo.sample_rate` (only new samples)."""
+
+    def words(self, request_id: str, timings: WordTimings) -> None:
+        """When more of the request's words are spoken (only for requests with `word_timestamps`).
+
+        Sent after the audio the words cover, in spoken order, every one before `finished`; each word once.
+        """
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
         """The request is complete (`reason`: "stop" or "length"); its state is already released."""

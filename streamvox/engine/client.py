@@ -36,6 +36,7 @@ from streamvox.engine.events import (
     EngineEvent,
     EngineUnavailable,
     VoiceRefused,
+    Words,
 )
 from streamvox.engine.loop_turns import LoopTurns
 from streamvox.engine.supervisor import EngineSupervisor
@@ -264,7 +265,7 @@ class AsyncEngine:
                         merged += len(parts[-1])
                     event = AudioChunk(np.concatenate(parts)) if len(parts) > 1 else event
                     stream.buffered_samples -= len(event.pcm)
-                else:
+                elif not isinstance(event, Words):
                     finished = True
                 yield event
         finally:
@@ -304,9 +305,12 @@ class AsyncEngine:
     def _dispatch(self, frames: list[zmq.Frame]) -> None:
         message = m.output_decoder.decode(frames[0].buffer)
         match message:
-            case m.Outputs(audio=audio, ended=ended):
+            case m.Outputs(audio=audio, ended=ended, words=words):
                 for request_id, frame in zip(audio, frames[1:], strict=True):
                     self._audio(request_id, frame)
+                for request_words in words:
+                    if (stream := self._streams.get(request_words.request_id)) is not None:
+                        self._post(stream, Words(request_words.timings))
                 for end in ended:
                     self._end(end)
             case m.Ready(info=info):

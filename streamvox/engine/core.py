@@ -14,6 +14,7 @@ server's event loop, with one stateful processor per request: a request with
 time-stretched here as its audio arrives, before pacing (the pacer counts the
 audio the client will play); a request whose `SpeechRequest.sample_rate`
 differs from the model's is resampled as its deltas leave (few, large calls).
+Word timings leave right after the audio they cover (`word_gate.WordGate`).
 Everything one loop iteration produces leaves as one ZMQ message
 (`messages.Outputs`).
 """
@@ -32,9 +33,10 @@ import zmq
 
 from streamvox.audio.resample import Resampler
 from streamvox.audio.time_stretch import TimeStretcher
-from streamvox.contract import RequestError, Runner, SpeechRequest
+from streamvox.contract import RequestError, Runner, SpeechRequest, WordTimings
 from streamvox.engine import messages as m
 from streamvox.engine.pacer import Pacer
+from streamvox.engine.word_gate import WordGate
 from streamvox.settings import EngineEnv
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class EngineCore:
         self._ended: list[m.Finished | m.Failed] = []
         self._resamplers: dict[str, Resampler] = {}  # requests whose output rate is not the model's
         self._stretchers: dict[str, TimeStretcher] = {}  # requests whose speed the core applies
+        self.words_gate = WordGate()  # word timings of the requests that asked for them
 
     # OutputSink
 
@@ -79,6 +82,9 @@ class EngineCore:
             return  # the stretcher holds it back for now: the request's first packet is still to come
         if self.pacer.add(request_id, pcm, self._now, self._audio):
             self._send_outputs()  # a first packet leaves now, even in the middle of a long step
+
+    def words(self, request_id: str, timings: WordTimings) -> None:
+        self.words_gate.add(request_id, timings)
 
     def finished(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> None:
         if (stretcher := self._stretchers.pop(request_id, None)) is not None and len(tail := stretcher.flush()):
@@ -92,15 +98,29 @@ class EngineCore:
         self._ended.append(m.Failed(request_id, error.message, error.code, error.param))
 
     def _send_outputs(self) -> None:
-        if not self._audio and not self._ended:
+        if not self._audio and not self._ended and not self.words_gate.waiting:
             return
         if self._resamplers:
             self._resample()
-        header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended))
+        words = self._due_words()
+        if not self._audio and not self._ended and not words:
+            return
+        header = m.output_encoder.encode(m.Outputs([request_id for request_id, _ in self._audio], self._ended,
+                                                   words))
         frames = [header, *(np.ascontiguousarray(pcm, dtype="<f4") for _, pcm in self._audio)]
         self._push(frames)
         self._audio = []
         self._ended = []
+
+    def _due_words(self) -> list[m.RequestWords]:
+        """The word timings whose audio leaves with this message (or before it); an ended request's rest."""
+        gate, due = self.words_gate, []
+        for request_id, pcm in self._audio:
+            gate.sent(request_id, len(pcm))
+        gate.take_due(due)
+        for end in self._ended:
+            gate.close(end.request_id, due if isinstance(end, m.Finished) else None)
+        return [m.RequestWords(request_id, timings) for request_id, timings in due]
 
     def _resample(self) -> None:
         """This iteration's deltas at their requests' output rates; a finished request's resampler tail goes last."""
@@ -187,6 +207,7 @@ class EngineCore:
                     self.pacer.drop(request_id)
                     self._resamplers.pop(request_id, None)
                     self._stretchers.pop(request_id, None)
+                    self.words_gate.close(request_id, None)
                 case m.AddVoice():
                     self._add_voice(message)
                 case m.RemoveVoice(name=name):
@@ -202,16 +223,23 @@ class EngineCore:
             raise RequestError(f"Unsupported output sample rate {rate}.", param="sample_rate")
         if not 0.25 <= request.speed <= 4.0:
             raise RequestError(f"Unsupported speed {request.speed}.", param="speed")
+        if request.word_timestamps and not info.word_timestamps:
+            raise RequestError(f"Model '{info.name}' gives no word timings.", param="word_timestamps")
         if rate is not None and rate != info.sample_rate:
             self._resamplers[request.request_id] = Resampler(info.sample_rate, rate)
+        time_scale = 1.0
         if request.speed != 1.0 and not info.native_speed:
             self._stretchers[request.request_id] = TimeStretcher(info.sample_rate, request.speed)
+            time_scale = 1.0 / request.speed  # the stretched audio's seconds per second of the model's
             request = msgspec.structs.replace(request, speed=1.0)  # the model speaks at its own rate
+        if request.word_timestamps:
+            self.words_gate.open(request.request_id, rate or info.sample_rate, time_scale)
         try:
             self.runner.add(request)
         except RequestError:
             self._resamplers.pop(request.request_id, None)
             self._stretchers.pop(request.request_id, None)
+            self.words_gate.close(request.request_id, None)
             raise
 
     def _add_voice(self, message: m.AddVoice) -> None:

@@ -1,6 +1,7 @@
 """What callers of `AsyncEngine` get back: a request's events, and the errors the engine raises.
 
-A request yields `AudioChunk`s, then exactly one `Done` or `EngineError`.
+A request yields `AudioChunk`s (and, if it asked for word timestamps, `Words` after the audio they
+cover), then exactly one `Done` or `EngineError`.
 """
 
 from __future__ import annotations
@@ -8,11 +9,19 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from streamvox.contract import WordTimings
+
 
 class AudioChunk(msgspec.Struct):
     """New samples (mono float32 at the request's `sample_rate`, by default the model's)."""
 
     pcm: np.ndarray
+
+
+class Words(msgspec.Struct):
+    """When more of the request's words are spoken (see `WordTimings`); only after the audio they cover."""
+
+    timings: WordTimings
 
 
 class Done(msgspec.Struct):
@@ -32,7 +41,7 @@ class EngineError(msgspec.Struct):
         return self.code not in ("engine_unavailable", "slow_consumer")
 
 
-EngineEvent = AudioChunk | Done | EngineError
+EngineEvent = AudioChunk | Words | Done | EngineError
 
 SLOW_CONSUMER = EngineError("The client read audio too slowly; the request was cancelled.", "slow_consumer")
 

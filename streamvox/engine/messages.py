@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from streamvox.contract import ModelInfo, SpeechRequest
+from streamvox.contract import ModelInfo, SpeechRequest, WordTimings
 
 # front end -> core
 
@@ -62,11 +62,20 @@ class Outputs(msgspec.Struct, tag=True):
     """One engine step's results, in one ZMQ message: a raw float32 PCM frame follows per id in `audio`,
     at that request's output rate.
 
-    The front end applies `audio` first, then `ended`, so a request's last audio precedes its end.
+    The front end applies `audio` first, then `words`, then `ended`: a request's timings follow the audio
+    they cover (`word_gate.WordGate`), and its last audio and timings precede its end.
     """
 
     audio: list[str]
     ended: list[Finished | Failed] = []
+    words: list[RequestWords] = []
+
+
+class RequestWords(msgspec.Struct):
+    """Word timings of one request (only ever inside `Outputs.words`)."""
+
+    request_id: str
+    timings: WordTimings
 
 
 class Finished(msgspec.Struct, tag=True):

@@ -7,11 +7,31 @@ from streamvox.contract import Runner
 DEFAULT_MODEL = "espeak"
 
 
-def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch: int | None = None) -> Runner:
+ALIGNERS = ("pocketsphinx",)  # word aligners for models that cannot time their own words
+
+
+def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch: int | None = None,
+                aligner: str | None = None) -> Runner:
     """Build the runner for `model`: `espeak`, or a Qwen3-TTS directory or Hugging Face repo id.
 
     `device` "auto" picks CUDA when present; `dtype` "auto" is bfloat16 on CUDA, float32 on the CPU.
+    `aligner` (one of `ALIGNERS`): word timings for a model without its own (eSpeak has them).
     """
+    runner = _load_model(model, device, dtype, max_batch)
+    if aligner is None or runner.info.word_timestamps:
+        return runner
+    if aligner not in ALIGNERS:
+        raise ValueError(f"unknown aligner {aligner!r}; available: {', '.join(ALIGNERS)}")
+    from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
+    from streamvox.models.alignment.runner import AligningRunner
+    from streamvox.models.espeak.library import EspeakLibrary
+
+    espeak = EspeakLibrary()  # pronounces the words CMUdict lacks (numbers, names)
+    espeak.set_voice("en-us")
+    return AligningRunner(runner, PocketsphinxAligner(espeak.phonemes))
+
+
+def _load_model(model: str, device: str, dtype: str, max_batch: int | None) -> Runner:
     if model == "espeak":
         from streamvox.models.espeak.runner import EspeakRunner
 

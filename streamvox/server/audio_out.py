@@ -4,7 +4,9 @@ Every route that speaks (speech files, audio and SSE streams, the speech-stream
 WebSocket, Realtime responses and agent turns) runs its engine request through
 `AudioOut`: it yields the request's audio deltas (float32 at the request's
 output rate: the engine core resamples), keeps the request's metrics, and
-records how the request ended in `result`. A consumer that stops early just
+records how the request ended in `result`. A request with `word_timestamps`
+also gets its `WordTimings`: interleaved after the audio they cover from
+`stream()`, and all of them in `result.timings()` once it ended. A consumer that stops early just
 leaves the loop; the request is then cancelled in the engine and counts as
 cancelled, unless the consumer called `fail` first. A consumer that reports
 to the metrics itself (several requests as one utterance, or an HTTP status)
@@ -16,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamvox.contract import SpeechRequest
+from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.engine.client import AsyncEngine, AudioChunk, Done, EngineError, EngineEvent
+from streamvox.engine.events import Words
 from streamvox.server.metrics import Metrics
 
 
@@ -59,6 +62,11 @@ class SpeechResult:
     done: Done | None = None
     error: EngineError | None = None
     deltas: int = 0  # audio deltas handed to the consumer
+    words: list[WordTimings] = field(default_factory=list)  # received so far, in order
+
+    def timings(self) -> WordTimings | None:
+        """Every word timing received (None when the request did not ask for them or got none)."""
+        return WordTimings.join(self.words) if self.words else None
 
     @property
     def metrics_status(self) -> str:
@@ -70,7 +78,8 @@ class AudioOut:
 
     `open()` registers the request with the engine (text may be fed from then on); `first_error()` waits
     for the first event and returns it if the request failed before any audio (a route can still answer
-    with an error status); `deltas()` yields the audio. `stats` None: no metrics (the `speak` command).
+    with an error status); `deltas()` yields the audio, `stream()` the audio and the word timings.
+    `stats` None: no metrics (the `speak` command).
     """
 
     def __init__(self, engine: AsyncEngine, request: SpeechRequest, stats: SpeechStats | None, *,
@@ -101,17 +110,31 @@ class AudioOut:
         event = await self._first
         return event if isinstance(event, EngineError) else None
 
-    async def deltas(self) -> AsyncIterator[np.ndarray]:
-        """The request's audio; between deltas the loop runs other tasks (a client's cancel is read)."""
+    def deltas(self) -> AsyncIterator[np.ndarray]:
+        """The request's audio; between deltas the loop runs other tasks (a client's cancel is read).
+
+        Word timings (if the request asked for them) are kept in `result` only."""
+        return self._output(False)
+
+    def stream(self) -> AsyncIterator[np.ndarray | WordTimings]:
+        """The request's audio deltas and its word timings, each timing after the audio it covers."""
+        return self._output(True)
+
+    async def _output(self, with_words: bool) -> AsyncIterator[np.ndarray | WordTimings]:
         await self.open()
         result = self.result
         event: EngineEvent | None = await self._first
-        while isinstance(event, AudioChunk):
-            if self.stats is not None:
-                self.stats.audio(len(event.pcm))
-            result.deltas += 1
-            yield event.pcm
-            await asyncio.sleep(0)
+        while isinstance(event, AudioChunk | Words):
+            if isinstance(event, Words):
+                result.words.append(event.timings)
+                if with_words:
+                    yield event.timings
+            else:
+                if self.stats is not None:
+                    self.stats.audio(len(event.pcm))
+                result.deltas += 1
+                yield event.pcm
+                await asyncio.sleep(0)
             event = await anext(self._events, None)
         match event:
             case Done(reason="cancelled") | None:

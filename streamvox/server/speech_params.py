@@ -18,6 +18,7 @@ from streamvox.audio.formats import FORMATS
 from streamvox.contract import ModelInfo, SamplingParams, SpeechRequest
 from streamvox.server.errors import APIError
 from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES, load_ref_audio_url
+from streamvox.server.word_timestamps import parse_word_timestamps
 from streamvox.settings import MediaPolicy
 
 MAX_INPUT_CHARS = 4096
@@ -31,6 +32,7 @@ MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SETTINGS_FIELDS = frozenset({
     "model", "voice", "instructions", "speed", "sample_rate", "language", "task_type", "ref_audio", "ref_text",
     "max_new_tokens", "seed", "initial_codec_chunk_frames", "temperature", "top_k", "top_p", "repetition_penalty",
+    "word_timestamps",
 })
 _HTTP_FIELDS = SETTINGS_FIELDS | {"input", "response_format", "stream_format", "stream"}
 
@@ -188,6 +190,7 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
         initial_codec_chunk_frames=_in_range(
             "initial_codec_chunk_frames", _field(body, "initial_codec_chunk_frames", int), 1, 100),
         sample_rate=sample_rate,
+        word_timestamps=parse_word_timestamps(body, info),
     )
 
 
@@ -211,4 +214,7 @@ def parse_speech(body: object, info: ModelInfo, request_id: str, policy: MediaPo
     stream = _field(body, "stream", bool, False)
     mode = stream_format or ("sse" if stream else "file")  # every format streams
     template = parse_speech_settings(body, info, policy)
+    if template.word_timestamps and mode == "audio":
+        raise APIError(400, "Word timestamps come with stream_format 'sse' or a whole (JSON) response, not with "
+                            "stream_format 'audio'.", "word_timestamps")
     return SpeechParams(msgspec.structs.replace(template, request_id=request_id, text=text), response_format, mode)

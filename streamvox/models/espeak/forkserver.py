@@ -28,7 +28,9 @@ import time
 import msgspec
 import numpy as np
 
-from streamvox.models.espeak.library import MAX_WPM, MIN_WPM, EspeakLibrary
+from streamvox.contract import WordTimings
+from streamvox.models.espeak.library import MAX_WPM, MIN_WPM, EspeakLibrary, SynthEvent
+from streamvox.models.espeak.word_timing import InputWords, clause_timings, last_sound
 from streamvox.text_split import TextSplitter
 
 _MAX_CLAUSE_WORDS = 24
@@ -45,14 +47,16 @@ _PR_SET_PDEATHSIG = 1
 
 # Pipe framing, both directions: 4-byte little-endian length, then the payload.
 # Parent -> child: a msgpack `ChildSpec`, then UTF-8 text; an empty payload ends the input.
-# Child -> parent: int16 PCM; an empty payload is followed by an 8-byte trailer (words, chunks).
+# Child -> parent: int16 PCM; a length with its top bit (`_WORDS_FLAG`) set frames a msgpack `WordTimings`
+# (after the audio of the clause it times); an empty payload is followed by an 8-byte trailer (words, chunks).
 _HEADER = struct.Struct("<I")
 _TRAILER = struct.Struct("<II")
+_WORDS_FLAG = 1 << 31
 _CHILD_PID = struct.Struct("<I")
 
 
-def _write_frame(fd: int, payload: bytes) -> None:
-    data = _HEADER.pack(len(payload)) + payload
+def _write_frame(fd: int, payload: bytes, flags: int = 0) -> None:
+    data = _HEADER.pack(len(payload) | flags) + payload
     while data:
         data = data[os.write(fd, data) :]
 
@@ -75,6 +79,7 @@ class ChildSpec(msgspec.Struct):
     words_per_minute: int
     text: str
     text_complete: bool
+    word_timestamps: bool = False
 
 
 def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
@@ -86,20 +91,31 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
     clauses = TextSplitter("clause", max_words=_MAX_CLAUSE_WORDS)
     words = 0
     chunks = 0
+    timed = _ClauseTimer(espeak.sample_rate) if spec.word_timestamps else None
 
     def emit(samples: np.ndarray) -> bool:
         nonlocal chunks
         chunks += 1
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
+        if timed is not None:
+            timed.heard(samples)
         if chunks == 1 and final:
             _to_background()
         return True
 
     def speak(text: str) -> None:
         nonlocal words
+        if timed is not None:
+            timed.input.add(text)
         for clause in clauses.add(text, final):
             words += len(clause.split())
-            espeak.synthesize(clause, emit)
+            if timed is None:
+                espeak.synthesize(clause, emit)
+                continue
+            timed.start_clause()
+            espeak.synthesize(clause, emit, timed.events)
+            timings = timed.end_clause(clause)
+            _write_frame(audio_fd, msgspec.msgpack.encode(timings), _WORDS_FLAG)
 
     final = spec.text_complete
     speak(spec.text)
@@ -111,6 +127,32 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         speak(_read_exact(text_fd, size).decode() if size else "")
     _write_frame(audio_fd, b"")
     os.write(audio_fd, _TRAILER.pack(words, chunks))
+
+
+class _ClauseTimer:
+    """A child's word timings: eSpeak's events of each clause, placed in the request's audio and text."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.rate = sample_rate
+        self.input = InputWords()
+        self.events: list[SynthEvent] = []
+        self.samples = 0  # of the request so far
+        self.clause_start = 0
+        self.sound_end = 0  # one past the clause's last audible sample
+
+    def start_clause(self) -> None:
+        self.events = []
+        self.clause_start = self.sound_end = self.samples
+
+    def heard(self, samples: np.ndarray) -> None:
+        if end := last_sound(samples):
+            self.sound_end = self.samples + end
+        self.samples += len(samples)
+
+    def end_clause(self, clause: str) -> WordTimings:
+        spans = self.input.spans(clause)
+        return clause_timings(clause, spans, self.input.text, self.events, self.clause_start, self.sound_end,
+                              self.rate)
 
 
 def _to_background() -> None:
@@ -149,7 +191,7 @@ class Child:
         self.input_open = not spec.text_complete
 
     def send_text(self, text: str) -> None:
-        if self.input_open:
+        if self.input_open and text:  # an empty frame would end the input
             _write_frame(self.text_fd, text.encode())
 
     def end_input(self) -> None:
@@ -167,10 +209,12 @@ class Child:
         """True once the buffer holds more than a frame header: the child's first audio has begun."""
         return len(self.buffer) > _HEADER.size
 
-    def take_output(self) -> tuple[bytes, tuple[int, int] | None]:
-        """The int16 PCM of every complete frame in the buffer, and (words, chunks) once the child is done."""
+    def take_output(self) -> tuple[bytes, list[WordTimings], tuple[int, int] | None]:
+        """The int16 PCM of every complete frame in the buffer, the word timings among them (each after
+        the audio it times), and (words, chunks) once the child is done."""
         buffer = self.buffer
         frames = []
+        timings = []
         finished = None
         while len(buffer) >= _HEADER.size:
             size = _HEADER.unpack_from(buffer)[0]
@@ -178,11 +222,16 @@ class Child:
                 if len(buffer) >= _HEADER.size + _TRAILER.size:
                     finished = _TRAILER.unpack_from(buffer, _HEADER.size)
                 break
+            flags, size = size & _WORDS_FLAG, size & ~_WORDS_FLAG
             if len(buffer) < _HEADER.size + size:
                 break
-            frames.append(bytes(buffer[_HEADER.size : _HEADER.size + size]))
+            payload = bytes(buffer[_HEADER.size : _HEADER.size + size])
+            if flags:
+                timings.append(msgspec.msgpack.decode(payload, type=WordTimings))
+            else:
+                frames.append(payload)
             del buffer[: _HEADER.size + size]
-        return b"".join(frames), finished
+        return b"".join(frames), timings, finished
 
     def signal(self, signum: int) -> None:
         try:

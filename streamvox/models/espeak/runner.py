@@ -42,6 +42,7 @@ class EspeakRunner:
             languages=self._languages,
             streaming_text=True,
             native_speed=False,  # its rate setting misses duration/speed by up to 50%: the core time-stretches
+            word_timestamps=True,  # eSpeak's own synthesis events (word_timing.py)
         )
         self._forks = ForkServer(self._espeak, ctypes.CDLL(None, use_errno=True).prctl)
         self._forks.ask()  # the first request starts without waiting for a fork
@@ -63,7 +64,7 @@ class EspeakRunner:
             param = "voice" if request.voice else "language"
             raise RequestError(f"Unknown {param} '{voice}' for model '{self.info.name}'.", param=param)
         spec = ChildSpec(OPENAI_VOICE_ALIASES.get(voice, voice), int(round(DEFAULT_WPM * request.speed)),
-                         request.text, request.text_complete)
+                         request.text, request.text_complete, request.word_timestamps)
         child = self._forks.take()
         self._forks.ask()  # the next request starts without waiting for a fork
         child.start(spec)
@@ -133,11 +134,13 @@ class EspeakRunner:
 
     def _forward(self, request_id: str, child: Child, sink: OutputSink, eof: bool) -> None:
         """Send every complete frame in the child's buffer as one delta (fewer, larger deltas under load)."""
-        data, finished = child.take_output()
+        data, timings, finished = child.take_output()
         if data:
             pcm = np.frombuffer(data, dtype="<i2")
             child.samples += len(pcm)
             sink.audio(request_id, pcm.astype(np.float32) / 32768.0)
+        for words in timings:  # each follows the audio it times (the child writes it after that)
+            sink.words(request_id, words)
         if finished is not None:
             self.release(request_id)
             sink.finished(request_id, "stop", *finished)

@@ -4,6 +4,9 @@ Every format streams, as OpenAI's endpoint does: `stream_format=audio` sends the
 encoded (chunked), `sse` sends them base64 in `speech.audio.delta` events, and a request without
 `stream_format` streams its body too, except flac files (`WHOLE_FILE_FORMATS`). Each response has
 its own `StreamEncoder`; the FFmpeg formats encode in a worker thread, one delta after another.
+With `word_timestamps`, SSE streams carry `speech.audio.timestamps` events after the audio they cover (for
+mp3/opus/aac, whose encoders hold back a frame, after the last audio), and a whole response is JSON: the
+encoded audio in base64 with the word timings.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamvox.audio.formats import CONTENT_TYPES, StreamEncoder, encode_audio, encoded_sample_rate
-from streamvox.contract import SpeechRequest
+from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.engine.client import AsyncEngine
 from streamvox.engine.events import Done, EngineError
 from streamvox.server.audio_out import AudioOut, SpeechStats
@@ -75,13 +78,36 @@ async def parse_body(engine: AsyncEngine, body: object, policy: MediaPolicy) -> 
 
 async def synthesize(engine: AsyncEngine, request: SpeechRequest, stats: SpeechStats) -> tuple[np.ndarray, Done]:
     """Run a request to the end; the whole clip at its output rate. The caller reports `stats`."""
+    pcm, done, _ = await synthesize_timed(engine, request, stats)
+    return pcm, done
+
+
+async def synthesize_timed(engine: AsyncEngine, request: SpeechRequest,
+                           stats: SpeechStats) -> tuple[np.ndarray, Done, WordTimings | None]:
+    """`synthesize`, with the request's word timings when it asked for them."""
     async with AudioOut(engine, request, stats, report=False) as out:
         parts = [pcm async for pcm in out.deltas()]
     if out.result.error is not None:
         raise error_from_engine(out.result.error)
     if out.result.done is None:
         raise APIError(503, "The request ended without a result.", code="engine_unavailable")
-    return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), out.result.done
+    pcm = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    timings = (out.result.timings() or WordTimings([], [], [], [], [])) if request.word_timestamps else None
+    return pcm, out.result.done, timings
+
+
+def _usage(done: Done) -> dict:
+    return {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
+            "total_tokens": done.input_tokens + done.output_tokens}
+
+
+async def _timed_file(engine: AsyncEngine, params: SpeechParams, stats: SpeechStats) -> dict:
+    """A whole response with word timestamps, as JSON: the encoded audio in base64, and the timings."""
+    pcm, done, timings = await synthesize_timed(engine, params.request, stats)
+    data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
+    return {"audio": pybase64.b64encode_as_string(data), "format": params.response_format,
+            "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format), **timings.to_json(),
+            "usage": _usage(done)}
 
 
 # Loop time to admit one request (HTTP parsing, validation, submission), for `LoopTurns`: a few hundred
@@ -95,6 +121,10 @@ async def speech(request: Request) -> Response:
     stats = SpeechStats(app.metrics, "speech")
     try:
         params = await parse_body(app.engine, await read_json(request), app.settings.media)
+        if params.mode == "file" and params.request.word_timestamps:
+            body = await _timed_file(app.engine, params, stats)
+            stats.end("ok", params.sample_rate)
+            return JSONResponse(body)
         if params.mode == "file" and params.response_format in WHOLE_FILE_FORMATS:
             pcm, _ = await synthesize(app.engine, params.request, stats)
             rate = encoded_sample_rate(params.sample_rate, params.response_format)
@@ -121,22 +151,32 @@ async def stream_speech(engine: AsyncEngine, params: SpeechParams, stats: Speech
     return StreamingResponse(body, media_type=media_type, headers=headers)
 
 
-async def _encoded(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes]:
-    """The request's audio as the encoder's stream; then `out.result` says how it ended (and the metrics know).
+async def _encoded(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes | WordTimings]:
+    """The request's audio as the encoder's stream, with its word timings if it asked for them; then
+    `out.result` says how it ended (and the metrics know).
 
     A stream that ended (even failed) is finished, so what was sent decodes to the end; a cancelled one is not.
-    A failure after the headers were sent can only end the body early.
+    A failure after the headers were sent can only end the body early. Timings follow the bytes of the audio
+    they cover: an FFmpeg encoder holds back part of a frame, so there they wait for the stream's end.
     """
     async def run(step, *args) -> bytes:
         return await asyncio.to_thread(step, *args) if encoder.costly else step(*args)
 
+    held: list[WordTimings] = []
     try:
-        async with aclosing(out.deltas()) as deltas:
+        async with aclosing(out.stream() if out.request.word_timestamps else out.deltas()) as deltas:
             async for pcm in deltas:
-                if data := await run(encoder.encode, pcm):
+                if isinstance(pcm, WordTimings):
+                    if encoder.costly:
+                        held.append(pcm)
+                    else:
+                        yield pcm
+                elif data := await run(encoder.encode, pcm):
                     yield data
         if out.result.status != "cancelled" and (data := await run(encoder.finish)):
             yield data
+        for timings in held:
+            yield timings
     finally:
         await out.close()
         out.stats.end(out.result.metrics_status, out.sample_rate)
@@ -154,11 +194,12 @@ def _sse_audio_delta(data: bytes) -> bytes:
 async def _sse_body(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes]:
     async with aclosing(_encoded(out, encoder)) as deltas:
         async for data in deltas:
-            yield _sse_audio_delta(data)
+            if isinstance(data, WordTimings):
+                yield _sse({"type": "speech.audio.timestamps", **data.to_json()})
+            else:
+                yield _sse_audio_delta(data)
     if (done := out.result.done) is not None:
-        usage = {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
-                 "total_tokens": done.input_tokens + done.output_tokens}
-        yield _sse({"type": "speech.audio.done", "usage": usage})
+        yield _sse({"type": "speech.audio.done", "usage": _usage(done)})
     elif (error := out.result.error) is not None:
         body = {"message": error.message, "type": "server_error", "param": error.param, "code": error.code}
         yield _sse({"type": "error", "error": body})
@@ -183,14 +224,13 @@ async def speech_batch(request: Request) -> Response:
             params = await parse_body(app.engine, item, app.settings.media)
             if params.mode != "file":
                 raise APIError(400, "Batch items cannot stream.", "stream_format")
-            pcm, done = await synthesize(app.engine, params.request, stats)
+            pcm, done, timings = await synthesize_timed(app.engine, params.request, stats)
             data = await asyncio.to_thread(encode_audio, pcm, params.sample_rate, params.response_format)
             stats.end("ok", params.sample_rate)
             return {"index": index, "status": "succeeded", "response_format": params.response_format,
                     "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format),
-                    "audio": pybase64.b64encode_as_string(data),
-                    "usage": {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens,
-                              "total_tokens": done.input_tokens + done.output_tokens}}
+                    "audio": pybase64.b64encode_as_string(data), **(timings.to_json() if timings else {}),
+                    "usage": _usage(done)}
         except APIError as error:
             stats.end(str(error.status), 1)
             return {"index": index, "status": "failed", **error.body()}

@@ -2,7 +2,9 @@
 
 Client JSON text frames: `session.config`, `input.text`, `input.done`,
 `input.cancel`, `session.close`. Server: `audio.start`, binary frames of s16le
-mono PCM deltas, `audio.done`, `error`. The first `input.text` after an
+mono PCM deltas, `audio.done`, `error`; with `word_timestamps` in `session.config`,
+`audio.timestamps` events (after the audio they cover; seconds from the utterance's
+first sample, characters into its whole text) and the whole alignment in `audio.done`. The first `input.text` after an
 utterance's `input.done` (or `input.cancel`) opens the next utterance;
 utterances are spoken one after another, each with its own engine requests
 and byte count. Every utterance gets exactly one `audio.start` and
@@ -43,13 +45,14 @@ import msgspec
 from starlette.websockets import WebSocket
 
 from streamvox.audio.formats import to_pcm16
-from streamvox.contract import ModelInfo, SpeechRequest
+from streamvox.contract import ModelInfo, SpeechRequest, WordTimings
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.speech_params import SETTINGS_FIELDS, check_model, parse_speech_settings, reject_unknown
 from streamvox.server.websocket import Sender, accepted_subprotocol, decode_json_event
+from streamvox.server.word_timestamps import UtteranceTimings
 from streamvox.settings import MediaPolicy, ServerSettings
 from streamvox.text_split import TextSplitter
 
@@ -272,6 +275,7 @@ class SpeechStreamSession:
                                 "sample_rate": template.sample_rate, "channels": 1})
         stats = SpeechStats(self.metrics, "speech_stream")  # one utterance, however many requests speak it
         total = 0
+        timed = UtteranceTimings(template.sample_rate) if template.word_timestamps else None
 
         async def run_request(text: str, complete: bool) -> str:
             """One engine request; -> "stop" | "length" | "cancelled" | "error"."""
@@ -286,10 +290,17 @@ class SpeechStreamSession:
                     return "cancelled"
                 if not complete:
                     self._catch_up(u)
-                async with aclosing(out.deltas()) as deltas:
+                if timed is not None:
+                    timed.start_request(text if u.config.split != "none" else None)
+                async with aclosing(out.stream() if timed is not None else out.deltas()) as deltas:
                     async for pcm in deltas:
                         if u.cancelled or self.sender.closed:
                             return "cancelled"
+                        if isinstance(pcm, WordTimings):
+                            await self._send_timings(u, timed.place(pcm))
+                            continue
+                        if timed is not None:
+                            timed.audio(len(pcm))
                         data = to_pcm16(pcm)
                         if data and await self.sender.binary(data):
                             total += len(data)
@@ -313,6 +324,8 @@ class SpeechStreamSession:
                 while reason == "stop":
                     piece = await u.text_queue.get()
                     final = piece is None
+                    if timed is not None and piece:
+                        timed.add_text(piece)
                     for sentence in splitter.add(piece or "", final):
                         reason = await run_request(sentence, True)
                         if reason != "stop":
@@ -324,8 +337,13 @@ class SpeechStreamSession:
         finally:  # also when the session's teardown cancels this task
             reason = "error" if self.sender.stalled else reason
             stats.end("ok" if reason in ("stop", "length") else reason, template.sample_rate)
-        await self.sender.json({"type": "audio.done", "utterance_index": u.index, "total_bytes": total,
-                                "reason": reason})
+        done = {"type": "audio.done", "utterance_index": u.index, "total_bytes": total, "reason": reason}
+        if timed is not None:
+            done["timestamps"] = timed.whole().to_json()
+        await self.sender.json(done)
+
+    async def _send_timings(self, u: Utterance, timings: WordTimings) -> None:
+        await self.sender.json({"type": "audio.timestamps", "utterance_index": u.index, **timings.to_json()})
 
     def _catch_up(self, u: Utterance) -> None:
         """Hand the engine what came for `u` while its request was being registered (queued in `u.pending`)."""
