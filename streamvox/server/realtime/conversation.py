@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from streamvox.contract import WordTimings
 from streamvox.server.errors import APIError
 from streamvox.server.realtime.protocol import item_text, new_id
 
@@ -73,6 +74,8 @@ class Conversation:
         self.items: list[dict] = []
         self.audio_chars = 0
         self.audio_ms: dict[str, int] = {}  # assistant item id -> milliseconds of audio sent
+        # assistant item id -> (the text its audio spoke, the words' timings in it), with word timestamps on
+        self.spoken: dict[str, tuple[str, WordTimings]] = {}
 
     def index(self, item_id: str) -> int | None:
         for i, item in enumerate(self.items):
@@ -123,6 +126,7 @@ class Conversation:
     def _forget(self, item: dict) -> None:
         self.audio_chars -= _audio_chars(item)
         self.audio_ms.pop(item["id"], None)
+        self.spoken.pop(item["id"], None)
 
     def latest_user_text(self) -> str:
         for item in reversed(self.items):

@@ -42,6 +42,7 @@ from streamvox.server.realtime.conversation import validate_item
 from streamvox.server.realtime.protocol import Dialect, apply_session_update
 from streamvox.server.realtime.responses import Responses
 from streamvox.server.realtime.session import SessionState
+from streamvox.server.realtime.spoken_words import heard_transcript
 from streamvox.server.realtime.turns import AudioTurns, ThinkerReplies
 from streamvox.server.websocket import OFFLOAD_BYTES, accepted_subprotocol, decode_json_event
 
@@ -207,7 +208,9 @@ class RealtimeSession:
             raise APIError(400, f"The item holds {available} ms of audio, less than audio_end_ms={audio_end_ms}.",
                            param="audio_end_ms")
         s.conversation.audio_ms[item["id"]] = audio_end_ms
-        item["content"][content_index]["transcript"] = ""  # upstream drops the transcript of truncated audio
+        part = item["content"][content_index]  # upstream drops its transcript; word timings keep the words heard
+        part["transcript"] = heard_transcript(s.conversation, item["id"], part.get("transcript") or "", audio_end_ms,
+                                              available)
         await s.send("conversation.item.truncated", item_id=item["id"], content_index=content_index,
                      audio_end_ms=audio_end_ms)
 

@@ -25,6 +25,7 @@ from streamvox.audio.formats import to_pcm16
 from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
 from streamvox.contract import ModelInfo
 from streamvox.server.errors import APIError
+from streamvox.server.word_timestamps import ALIGNER_FLAG
 
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_INSTRUCTIONS_CHARS = 32768
@@ -134,6 +135,7 @@ class SessionConfig:
     temperature: float = 0.8
     max_output_tokens: int | str = "inf"
     tracing: object = None
+    word_timestamps: bool = False  # a StreamVox option: one transcript delta per word, with its start_time
 
     def modalities(self, dialect: Dialect) -> list[str]:
         if dialect is Dialect.GA:
@@ -143,7 +145,7 @@ class SessionConfig:
     def render(self, dialect: Dialect, session_id: str, info: ModelInfo, agent: dict | None = None) -> dict:
         """The session object; `agent`: what the voice agent says of itself (None: the echo responder, no ASR)."""
         streamvox = {"responder": "echo", "asr": None, "engine_model": info.name,
-                     "engine_sample_rate": info.sample_rate, **(agent or {})}
+                     "engine_sample_rate": info.sample_rate, "word_timestamps": self.word_timestamps, **(agent or {})}
         if dialect is Dialect.GA:
             return {
                 "type": "realtime",
@@ -301,7 +303,27 @@ def apply_session_update(config: SessionConfig, session: object, info: ModelInfo
             if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
                 raise APIError(400, f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
             changes["max_output_tokens"] = limit
+    if (options := session.get("streamvox")) is not None:
+        changes.update(parse_streamvox_options(options, info))
     return replace(config, **changes)
+
+
+def parse_streamvox_options(value: object, info: ModelInfo) -> dict:
+    """`session.streamvox` -> config changes. Its only option is `word_timestamps`; the other keys of the session
+    object's `streamvox` (what the server says of itself, which a client may send back) are ignored."""
+    if not isinstance(value, dict):
+        raise APIError(400, "'session.streamvox' must be an object.", param="session.streamvox")
+    changes = {}
+    if (flag := value.get("word_timestamps")) is not None:
+        param = "session.streamvox.word_timestamps"
+        if not isinstance(flag, bool):
+            raise APIError(400, f"'{param}' must be a boolean.", param=param)
+        if flag and not info.word_timestamps:
+            raise APIError(400, f"Model '{info.name}' has no word aligner, so it cannot send word timestamps; start "
+                                f"the server with {ALIGNER_FLAG} (English) to enable them.", param=param,
+                           code="word_timestamps_unavailable")
+        changes["word_timestamps"] = flag
+    return changes
 
 
 def item_text(item: dict) -> str:

@@ -22,7 +22,7 @@ import pybase64
 
 from streamvox.agent.errors import StageError
 from streamvox.agent.turn_state import ThinkerReply
-from streamvox.contract import SpeechRequest
+from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.engine.client import new_request_id
 from streamvox.engine.events import SLOW_CONSUMER, EngineError
 from streamvox.server.audio_out import AudioOut, SpeechResult, SpeechStats
@@ -37,6 +37,7 @@ from streamvox.server.realtime.protocol import (
     parse_voice,
 )
 from streamvox.server.realtime.session import SessionState
+from streamvox.server.realtime.spoken_words import WordDeltas
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class Response:
     metadata: dict | None
     modalities: list[str]
     text: str = ""  # what the echo responder says
+    word_timestamps: bool = False  # one transcript delta per word, with its start_time (spoken_words.py)
     thinker: ThinkerReply | None = None  # set when the thinker writes the content
     request_id: str = field(default_factory=lambda: new_request_id("rt"))  # the engine request (audio)
     cancel_reason: str | None = None
@@ -103,14 +105,18 @@ class Thinking(Protocol):
 
 
 async def send_audio(s: SessionState, r: Response, ids: dict, out: AudioOut,
-                     on_first_audio: Callable[[], Awaitable[None]] | None = None) -> int:
+                     on_first_audio: Callable[[], Awaitable[None]] | None = None,
+                     on_words: Callable[[WordTimings], Awaitable[None]] | None = None) -> int:
     """Send `out`'s audio as `r`'s deltas until it ends, `r` is cancelled or the client stops reading (the
     request then fails as a slow consumer); the number of engine deltas. `on_first_audio` runs once the first
-    delta is out."""
+    delta is out; `on_words` (a request with word timestamps) with each word timing, which covers audio sent."""
     fmt = r.output_format
     name = s.event_name("audio.delta")
     deltas, audio_bytes = 0, 0
-    async for pcm in out.deltas():
+    async for pcm in out.deltas() if on_words is None else out.stream():
+        if isinstance(pcm, WordTimings):
+            await on_words(pcm)
+            continue
         if r.cancel_reason is not None:
             break
         deltas += 1
@@ -182,7 +188,8 @@ class Responses:
             raise APIError(400, "'response.metadata' must be an object.", param="response.metadata")
         response = Response(id=new_id("resp"), item_id=new_id("item"), voice=voice, speed=config.speed,
                             output_format=output_format, audio=audio, in_conversation=conversation == "auto",
-                            metadata=metadata, modalities=modalities)
+                            metadata=metadata, modalities=modalities,
+                            word_timestamps=audio and config.word_timestamps)
         if self.thinking is not None:
             self.thinking.prepare(response, params)
         else:
@@ -341,7 +348,7 @@ class Responses:
         return Outcome("completed", None, usage(input_text=words, output_text=words), r.text)
 
     async def _echo_audio(self, r: Response, ids: dict) -> Outcome:
-        """Speak `r.text`; its transcript is sent after the first audio (there are no word timings)."""
+        """Speak `r.text`; its transcript is sent after the first audio, or word by word with word timestamps."""
         s = self.session
         stats = SpeechStats(s.metrics, "realtime")
         words = len(r.text.split())
@@ -355,11 +362,19 @@ class Responses:
             spoken = r.text
             await s.send(s.event_name("transcript.delta"), **ids, delta=r.text)
 
+        by_word = WordDeltas(s, ids, lambda: r.text) if r.word_timestamps else None
         request = SpeechRequest(request_id=r.request_id, text=r.text, voice=r.voice, speed=r.speed,
-                                sample_rate=r.output_format.rate)
+                                sample_rate=r.output_format.rate, word_timestamps=r.word_timestamps)
         async with AudioOut(s.engine, request, stats) as out:
-            deltas = await send_audio(s, r, ids, out, transcript)
+            if by_word is None:
+                deltas = await send_audio(s, r, ids, out, transcript)
+            else:
+                deltas = await send_audio(s, r, ids, out, on_words=by_word.send)
         status, details = audio_status(r, out.result)
+        if by_word is not None:
+            spoken = await by_word.finish(status == "completed")
+            if r.in_conversation:
+                by_word.remember(s.conversation, r.item_id)
         if status == "cancelled":
             tokens = usage(input_text=words, output_audio=deltas)
         elif status == "failed":

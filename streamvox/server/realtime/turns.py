@@ -44,6 +44,7 @@ from streamvox.server.realtime.responses import (
     usage,
 )
 from streamvox.server.realtime.session import SessionState
+from streamvox.server.realtime.spoken_words import WordDeltas
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ class ThinkerReplies:
                     state["deltas"] += 1
                     if feed:
                         s.engine.feed_text(r.request_id, delta)
-                    await s.send(name, **ids, delta=delta)
+                    if not r.word_timestamps:  # else the transcript goes word by word as it is spoken
+                        await s.send(name, **ids, delta=delta)
             timings["thinker_done"] = _ms(t0)
             state["state"] = "finished"
         except asyncio.CancelledError:
@@ -163,6 +165,7 @@ class ThinkerReplies:
         timings = r.thinker.report["timings_ms"]
         stats = SpeechStats(s.metrics, "realtime")
         spoken: list[str] = []
+        by_word = WordDeltas(s, ids, lambda: "".join(spoken)) if r.word_timestamps else None
         deltas = 0
         if r.cancel_reason is not None:
             stats.end("cancelled", r.output_format.rate)
@@ -172,19 +175,25 @@ class ThinkerReplies:
                 timings["first_audio"] = _ms(t0)
 
             request = SpeechRequest(request_id=r.request_id, text="", text_complete=False, voice=r.voice,
-                                    speed=r.speed, sample_rate=r.output_format.rate)
+                                    speed=r.speed, sample_rate=r.output_format.rate,
+                                    word_timestamps=r.word_timestamps)
             async with AudioOut(s.engine, request, stats) as out:  # open: feed_text reaches the request
                 pump = asyncio.create_task(self._pump(r, messages, ids, spoken, t0, feed=True))
                 try:
-                    deltas = await send_audio(s, r, ids, out, first_audio)
+                    deltas = await send_audio(s, r, ids, out, first_audio, by_word.send if by_word else None)
                 finally:
                     await _stop_pump(pump)  # a no-op when the thinker already finished
             status, details = audio_status(r, out.result)
         if r.thinker.error is not None:
             status, details = "failed", failed(r.thinker.error)
+        transcript = "".join(spoken).strip()
+        if by_word is not None:  # what was spoken, word by word
+            transcript = await by_word.finish(status == "completed")
+            if r.in_conversation:
+                by_word.remember(s.conversation, r.item_id)
         timings["done"] = _ms(t0)
         return Outcome(status, details, usage(input_text=n_in, output_text=len(spoken), output_audio=deltas),
-                       "".join(spoken).strip())
+                       transcript)
 
     async def write(self, r: Response, ids: dict) -> Outcome:
         """A thinker response with text only."""
