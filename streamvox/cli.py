@@ -14,6 +14,7 @@ from streamvox.audio.formats import FORMATS, Resampler, encode_audio
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, AudioChunk, EngineError, new_request_id
 from streamvox.models.registry import DEFAULT_MODEL
+from streamvox.scale.options import add_scale_flags, scale_options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -40,6 +41,10 @@ def _serve(args: argparse.Namespace) -> int:
                               max_buffered_audio_s=args.max_buffered_audio_s,
                               engine_restart_backoff_max_s=args.engine_restart_backoff_max_s,
                               media=media, allowed_origins=origins, voices_dir=args.voices_dir)
+    if (scale := scale_options(args)) is not None:
+        from streamvox.scale.launch import serve_replicas
+
+        return serve_replicas(settings, scale)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
@@ -146,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--llm-seed", type=int, default=None)
     agent.add_argument("--asr", default=None, metavar="DIR_OR_REPO",
                        help="Whisper-family speech recogniser run by vLLM, for input audio turns")
+    add_scale_flags(serve)
     serve.set_defaults(run=_serve)
 
     speak = commands.add_parser("speak", help="synthesise TEXT into an audio file")

@@ -41,6 +41,7 @@ class ServerSettings:
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where `ref_audio` may be read from
     allowed_origins: tuple[str, ...] = ()  # WebSocket Origins allowed besides none and same-host ("*": any)
     voices_dir: str | None = None  # cloned voices (Base checkpoints); None: the user's data directory
+    replica: str | None = None  # this server's name as a Ray Serve replica (streamvox.scale), shown by /health
 
 
 @dataclass
@@ -57,12 +58,14 @@ class AppState:
 
 
 async def health(request: Request) -> Response:
-    engine = request.app.state.streamvox.engine
+    state = request.app.state.streamvox
+    engine = state.engine
+    replica = {"replica": state.settings.replica} if state.settings.replica else {}
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
-                             "engine_restarts": engine.restarts})
+                             "engine_restarts": engine.restarts, **replica})
     body = {"status": "unavailable", "engine_restarts": engine.restarts,
-            "engine_consecutive_failures": engine.consecutive_failures}
+            "engine_consecutive_failures": engine.consecutive_failures, **replica}
     if (restart_in := engine.restart_in_s) is not None:
         body["engine_restart_in_s"] = round(restart_in, 3)
     return JSONResponse(body, status_code=503)

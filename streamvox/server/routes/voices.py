@@ -74,6 +74,16 @@ class VoiceStore:
                 log.warning("ignoring stored voice %s: %s", entry, exc)
         return samples
 
+    def entries(self) -> dict[str, int]:
+        """Stored voice names -> the inode of each one's directory (a name stored again gets a new one)."""
+        if not self.root.is_dir():
+            return {}
+        return {entry.name: entry.inode() for entry in os.scandir(self.root)
+                if not entry.name.startswith(".") and entry.is_dir() and VOICE_NAME.fullmatch(entry.name)}
+
+    def load(self, name: str) -> VoiceSample:
+        return self._load(self.root / sample_name(name))
+
     @staticmethod
     def _load(entry: Path) -> VoiceSample:
         meta = json.loads((entry / "voice.json").read_text())

@@ -1,0 +1,127 @@
+"""`streamvox serve --replicas N`: start (or join) Ray, run the replicas behind Serve's proxy, stop on a signal.
+
+Without `--ray-address` a local Ray instance is started, on loopback only. Ray replaces a loopback
+`--node-ip-address` with the machine's outward address (and its servers then listen on every
+interface) unless it runs in local-only mode, which `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` selects
+despite its name; it is read when `ray` is first imported, so it is set before that, and the node's
+address is checked afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from streamvox.scale.options import ScaleOptions
+from streamvox.scale.proxy import PROBE_PATH, PROXY_CALLBACK
+from streamvox.server.app import ServerSettings
+
+APP_NAME = "streamvox"
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+
+
+def serve_replicas(settings: ServerSettings, options: ScaleOptions) -> int:
+    """Run until SIGINT or SIGTERM; then stop the replicas (letting their requests finish) and Ray."""
+    start_ray(options)
+    try:
+        deploy(settings, options)
+        where = options.ray_address or "a local Ray instance on 127.0.0.1"
+        print(f"streamvox: {options.replicas} replicas of {settings.model} on Ray Serve ({where}), "
+              f"proxy at http://{options.host}:{options.port}", file=sys.stderr, flush=True)
+        _wait_for_signal()
+    finally:
+        stop(options)
+    return 0
+
+
+def start_ray(options: ScaleOptions, *, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+    """Join `options.ray_address`, or start a loopback-only local instance (`num_cpus`: at least one a replica)."""
+    if options.ray_address is None or _on_loopback(options.ray_address):
+        os.environ[LOCAL_ONLY_ENV] = "0"
+    import ray
+
+    if options.ray_address is not None:
+        ray.init(address=options.ray_address, log_to_driver=log_to_driver)
+        return
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=log_to_driver,
+             num_cpus=num_cpus or max(os.cpu_count() or 1, options.replicas))
+    address = ray.util.get_node_ip_address()
+    if address != "127.0.0.1":
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray instance took address {address}, not loopback: ray was imported before "
+                           f"{LOCAL_ONLY_ENV}=0 could be set")
+
+
+def deploy(settings: ServerSettings, options: ScaleOptions, *, name: str = APP_NAME, route_prefix: str = "/") -> None:
+    """Start Serve (its proxies with StreamVox's middleware) if it is not running, then run the replicas."""
+    import ray
+    from ray import serve
+    from ray.serve.config import HTTPOptions
+
+    from streamvox.scale.deployment import application
+
+    serve.start(http_options=HTTPOptions(host=options.host, port=options.port, request_timeout_s=None),
+                proxy_location=options.proxy_location,
+                controller_options={"runtime_env": {"env_vars": {PROXY_CALLBACK_ENV: PROXY_CALLBACK}}})
+    gpus = options.gpus_per_replica
+    if gpus is None:
+        has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        gpus = 1 if has_gpus and settings.model != "espeak" and settings.model_options.get("device") != "cpu" else 0
+    serve.run(application(settings, options, gpus), name=name, route_prefix=route_prefix)
+    check_proxy(options)
+
+
+def check_proxy(options: ScaleOptions, timeout_s: float = 30.0) -> None:
+    """Fail unless this node's Serve proxy runs StreamVox's middleware (a Serve instance started elsewhere
+    keeps its own proxies: Serve applies new proxy settings only when it starts)."""
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
+    url = f"http://{host}:{options.port}{PROBE_PATH}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if json.load(response).get("proxy") == "streamvox":
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"Serve's proxy at {host}:{options.port} does not run StreamVox's proxy middleware, so client "
+                f"headers could cut streams short and slow readers would not be cancelled. Serve was started "
+                f"without it: stop it (`serve shutdown`), or start every Ray node with "
+                f"{PROXY_CALLBACK_ENV}={PROXY_CALLBACK} (docs/scaling.md).")
+        time.sleep(0.5)
+
+
+def stop(options: ScaleOptions, *, name: str = APP_NAME) -> None:
+    """Stop the replicas (each drains for up to --graceful-shutdown-timeout-s); a local Ray goes too."""
+    import ray
+    from ray import serve
+
+    try:
+        if options.ray_address is None:
+            serve.shutdown()
+        else:
+            serve.delete(name)
+    finally:
+        ray.shutdown()
+
+
+def _on_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0] or address
+    return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
+
+
+def _wait_for_signal() -> None:
+    stopped = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopped.set())
+    while not stopped.wait(1.0):
+        pass
