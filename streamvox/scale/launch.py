@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,16 +28,20 @@ PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 
 def serve_replicas(settings: ServerSettings, options: ScaleOptions) -> int:
     """Run until SIGINT or SIGTERM; then stop the replicas (letting their requests finish) and Ray."""
-    start_ray(options)
     try:
-        deploy(settings, options)
-        where = options.ray_address or "a local Ray instance on 127.0.0.1"
-        print(f"streamvox: {options.replicas} replicas of {settings.model} on Ray Serve ({where}), "
-              f"proxy at http://{options.host}:{options.port}", file=sys.stderr, flush=True)
-        _wait_for_signal()
-    finally:
-        stop(options)
-    return 0
+        start_ray(options)
+        signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets its own
+        try:
+            deploy(settings, options)
+            where = options.ray_address or "a local Ray instance on 127.0.0.1"
+            print(f"streamvox: {options.replicas} replicas of {settings.model} on Ray Serve ({where}), "
+                  f"proxy at http://{options.host}:{options.port}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        finally:
+            stop(options)
+    except KeyboardInterrupt:
+        return 0
 
 
 def start_ray(options: ScaleOptions, *, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
@@ -119,9 +122,5 @@ def _on_loopback(address: str) -> bool:
     return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
 
 
-def _wait_for_signal() -> None:
-    stopped = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopped.set())
-    while not stopped.wait(1.0):
-        pass
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -30,7 +30,7 @@ class VoiceSync:
         """`state`: the app's `AppState` (its `engine` and `voice_store`)."""
         self.state = state
         self._seen: tuple[int, int] | None = None  # the directory's (inode, mtime) at the last full sync
-        self._inodes: dict[str, int] = {}  # registered voice -> its directory's inode when registered
+        self._stored: dict[str, tuple[int, int]] = {}  # registered voice -> its store entry when registered
         self._lock = asyncio.Lock()
 
     def _signature(self) -> tuple[int, int] | None:
@@ -66,11 +66,11 @@ class VoiceSync:
         stored = await asyncio.to_thread(store.entries)
         for name in list(engine.voices):
             # A voice the engine restored by itself (at a core start) is taken to be the stored one.
-            inode = self._inodes.setdefault(name, stored.get(name, -1))
-            if stored.get(name) != inode:
+            entry = self._stored.setdefault(name, stored.get(name, (-1, -1)))
+            if stored.get(name) != entry:
                 engine.remove_voice(name)
-                del self._inodes[name]
-        for name, inode in stored.items():
+                del self._stored[name]
+        for name, entry in sorted(stored.items()):
             if name in engine.voices:
                 continue
             try:
@@ -84,5 +84,5 @@ class VoiceSync:
             except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: libsndfile's errors
                 log.warning("stored voice %r could not be loaded: %s", name, exc)
                 continue
-            self._inodes[name] = inode
+            self._stored[name] = entry
         self._seen = signature
