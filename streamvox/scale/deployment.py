@@ -26,10 +26,11 @@ DEPLOYMENT = "StreamVox"
 @serve.deployment(name=DEPLOYMENT)
 @serve.ingress()
 class StreamVoxReplica:
-    def __init__(self, settings: ServerSettings, unhealthy_after_s: float) -> None:
+    def __init__(self, settings: ServerSettings, unhealthy_after_s: float, deployed_by: str) -> None:
         self.settings = settings
         self.health = EngineHealth(unhealthy_after_s)
         self.state = None  # the app's AppState, once built
+        self._deployed_by = deployed_by
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
         name = serve.get_replica_context().replica_tag
@@ -41,8 +42,13 @@ class StreamVoxReplica:
         if self.state is not None:
             self.health.check(self.state)
 
+    def deployed_by(self) -> str:
+        """The token of the command that deployed this version (see `launch.stop`)."""
+        return self._deployed_by
 
-def application(settings: ServerSettings, options: ScaleOptions, gpus_per_replica: float) -> Application:
+
+def application(settings: ServerSettings, options: ScaleOptions, gpus_per_replica: float,
+                deployed_by: str) -> Application:
     streams = options.streams_per_replica(settings.model, settings.model_options)
     return StreamVoxReplica.options(
         num_replicas=options.replicas,
@@ -55,4 +61,4 @@ def application(settings: ServerSettings, options: ScaleOptions, gpus_per_replic
         health_check_period_s=options.health_check_period_s,
         health_check_timeout_s=30.0,
         ray_actor_options={"num_cpus": 1, "num_gpus": gpus_per_replica},
-    ).bind(settings, options.unhealthy_after_s)
+    ).bind(settings, options.unhealthy_after_s, deployed_by)

@@ -10,16 +10,20 @@ address is checked afterwards.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 from streamvox.scale.options import ScaleOptions
 from streamvox.scale.proxy import PROBE_PATH, PROXY_CALLBACK
 from streamvox.server.app import ServerSettings
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "streamvox"
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -31,15 +35,16 @@ def serve_replicas(settings: ServerSettings, options: ScaleOptions) -> int:
     try:
         start_ray(options)
         signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets its own
+        token = None
         try:
-            deploy(settings, options)
+            token = deploy(settings, options)
             where = options.ray_address or "a local Ray instance on 127.0.0.1"
             print(f"streamvox: {options.replicas} replicas of {settings.model} on Ray Serve ({where}), "
                   f"proxy at http://{options.host}:{options.port}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
         finally:
-            stop(options)
+            stop(options, deployed_by=token)
     except KeyboardInterrupt:
         return 0
 
@@ -62,8 +67,11 @@ def start_ray(options: ScaleOptions, *, num_cpus: int | None = None, log_to_driv
                            f"{LOCAL_ONLY_ENV}=0 could be set")
 
 
-def deploy(settings: ServerSettings, options: ScaleOptions, *, name: str = APP_NAME, route_prefix: str = "/") -> None:
-    """Start Serve (its proxies with StreamVox's middleware) if it is not running, then run the replicas."""
+def deploy(settings: ServerSettings, options: ScaleOptions, *, name: str = APP_NAME, route_prefix: str = "/") -> str:
+    """Start Serve (its proxies with StreamVox's middleware) if it is not running, then run the replicas.
+
+    Running them again (from any command) is a rolling update of the application. Returns this deployment's
+    token, which its replicas report (`stop` compares it)."""
     import ray
     from ray import serve
     from ray.serve.config import HTTPOptions
@@ -77,8 +85,10 @@ def deploy(settings: ServerSettings, options: ScaleOptions, *, name: str = APP_N
     if gpus is None:
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0
         gpus = 1 if has_gpus and settings.model != "espeak" and settings.model_options.get("device") != "cpu" else 0
-    serve.run(application(settings, options, gpus), name=name, route_prefix=route_prefix)
+    token = uuid.uuid4().hex
+    serve.run(application(settings, options, gpus, token), name=name, route_prefix=route_prefix)
     check_proxy(options)
+    return token
 
 
 def check_proxy(options: ScaleOptions, timeout_s: float = 30.0) -> None:
@@ -103,16 +113,32 @@ def check_proxy(options: ScaleOptions, timeout_s: float = 30.0) -> None:
         time.sleep(0.5)
 
 
-def stop(options: ScaleOptions, *, name: str = APP_NAME) -> None:
-    """Stop the replicas (each drains for up to --graceful-shutdown-timeout-s); a local Ray goes too."""
+def stop(options: ScaleOptions, *, name: str = APP_NAME, deployed_by: str | None = None) -> None:
+    """Stop the replicas (each drains for up to --graceful-shutdown-timeout-s); a local Ray goes too.
+
+    On a cluster of its own (`--ray-address`), the application is left running when another command has
+    deployed it since (a rolling update: that command owns it now)."""
     import ray
     from ray import serve
+
+    from streamvox.scale.deployment import DEPLOYMENT
 
     try:
         if options.ray_address is None:
             serve.shutdown()
-        else:
-            serve.delete(name)
+            return
+        if deployed_by is not None:
+            try:
+                handle = serve.get_deployment_handle(DEPLOYMENT, app_name=name)
+                current = handle.deployed_by.remote().result(timeout_s=30)
+            except Exception as exc:  # gone, or too busy to say: it was ours last we knew
+                log.warning("could not ask the replicas who deployed them (%s); deleting the application", exc)
+                current = deployed_by
+            if current != deployed_by:
+                print(f"streamvox: application {name!r} was deployed again since; leaving it running",
+                      file=sys.stderr)
+                return
+        serve.delete(name)
     finally:
         ray.shutdown()
 

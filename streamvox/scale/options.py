@@ -29,7 +29,7 @@ class ScaleOptions:
     unhealthy_after_s: float = 60.0  # an engine down this long (restarts failing) fails the health check
     health_check_period_s: float = 5.0
     gpus_per_replica: float | None = None  # None: 1 for a Qwen3-TTS model on a cluster with GPUs, else 0
-    proxy_location: str = "EveryNode"  # one proxy per node (docs/scaling.md)
+    proxy_location: str = "EveryNode"  # --proxy-location: one proxy per node, or HeadOnly (docs/scaling.md)
 
     def streams_per_replica(self, model: str, model_options: dict) -> int:
         """Serve's `max_ongoing_requests`: every open stream or WebSocket session holds one for its life."""
@@ -59,6 +59,9 @@ def add_scale_flags(parser: argparse.ArgumentParser) -> None:
                             "(default: --replica-max-streams)")
     group.add_argument("--graceful-shutdown-timeout-s", type=float, default=60.0,
                        help="how long a stopping replica lets its requests finish (default 60)")
+    group.add_argument("--proxy-location", choices=("EveryNode", "HeadOnly"), default="EveryNode",
+                       help="a Serve proxy on every machine (default; a load balancer goes in front) or on the head "
+                            "only")
     group.add_argument("--max-surge-percent", type=int, default=0, metavar="P",
                        help="in a rolling update, start up to P%% more replicas so the old ones serve until their "
                             "replacements are ready (needs spare GPUs; default 0: stop one, then start one)")
@@ -82,4 +85,4 @@ def scale_options(args: argparse.Namespace) -> ScaleOptions | None:
     return ScaleOptions(replicas=args.replicas, ray_address=args.ray_address, host=args.host, port=args.port,
                         max_streams=args.replica_max_streams, max_queued=args.replica_max_queued,
                         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
-                        max_surge_percent=args.max_surge_percent)
+                        max_surge_percent=args.max_surge_percent, proxy_location=args.proxy_location)

@@ -62,30 +62,59 @@ def test_the_local_cluster_listens_on_loopback_only(request):
     assert listening and set(listening) <= LOOPBACK, listening
 
 
-def test_serve_replicas_joins_a_running_cluster_and_leaves_it(request):
+class Command:
+    """`streamvox serve --replicas 1` joining the session's cluster, with its stderr collected."""
+
+    def __init__(self, cluster, address: str) -> None:
+        command = [sys.executable, "-m", "streamvox.cli", "serve", "--replicas", "1", "--ray-address", address,
+                   "--port", str(cluster.port)]
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True).start()
+
+    def wait_for(self, text: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.process.poll() is None or any(text in line for line in self.lines), "".join(self.lines)
+            assert time.monotonic() < deadline, f"no {text!r} from the command"
+            time.sleep(0.3)
+
+    def interrupt(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(120)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _replica(cluster) -> str:
+    health = httpx.get(f"{cluster.url}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["replica"] == health.headers["x-streamvox-replica"]
+    return health.json()["replica"]
+
+
+def test_serve_replicas_joins_a_running_cluster_and_hands_over_in_a_rolling_update(request):
     cluster = serve_cluster(request)
     import ray
 
     address = ray.get_runtime_context().gcs_address
-    command = [sys.executable, "-m", "streamvox.cli", "serve", "--replicas", "1", "--ray-address", address,
-               "--port", str(cluster.port)]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
-    reader.start()
+    first = Command(cluster, address)
+    second = None
     try:
-        deadline = time.monotonic() + 180
-        while not any("1 replicas of espeak on Ray Serve" in line for line in lines):
-            assert process.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "the replica did not come up"
-            time.sleep(0.5)
-        health = httpx.get(f"{cluster.url}/health", timeout=10)
-        assert health.status_code == 200 and health.json()["replica"] == health.headers["x-streamvox-replica"]
-        process.send_signal(signal.SIGINT)
-        assert process.wait(120) == 0
+        first.wait_for("1 replicas of espeak on Ray Serve")
+        before = _replica(cluster)
+        second = Command(cluster, address)  # the same application again: Serve rolls it over
+        second.wait_for("1 replicas of espeak on Ray Serve")
+        assert _replica(cluster) != before
+        assert first.interrupt() == 0  # the application is the second command's now: it stays
+        first.wait_for("was deployed again since; leaving it running")
+        _replica(cluster)
+        assert second.interrupt() == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        first.kill()
+        if second is not None:
+            second.kill()
     gone = httpx.get(f"{cluster.url}/health", timeout=10)  # the app is deleted; Serve's own 404, in our shape
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "replica_unavailable"

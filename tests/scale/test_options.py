@@ -29,10 +29,10 @@ def test_without_replicas_there_is_no_scale_and_no_ray():
 def test_flags():
     scale = options("--replicas", "3", "--ray-address", "10.0.0.1:6379", "--port", "9000", "--host", "0.0.0.0",
                     "--replica-max-streams", "48", "--replica-max-queued", "100",
-                    "--graceful-shutdown-timeout-s", "120", "--max-surge-percent", "50")
+                    "--graceful-shutdown-timeout-s", "120", "--max-surge-percent", "50", "--proxy-location", "HeadOnly")
     assert scale == ScaleOptions(replicas=3, ray_address="10.0.0.1:6379", host="0.0.0.0", port=9000,
                                  max_streams=48, max_queued=100, graceful_shutdown_timeout_s=120,
-                                 max_surge_percent=50)
+                                 max_surge_percent=50, proxy_location="HeadOnly")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 import websockets
+import websockets.sync.client as ws_sync
 
 from streamvox.scale import proxy
 from streamvox.scale.flow import ACK, ACK_STEP_BYTES, FLOW_HEADER
@@ -179,14 +180,31 @@ def test_delivered_bytes_are_acked_through_the_receive_channel():
     assert acks[2] == {"type": ACK, "delivered": 6 * half}
 
 
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
 @pytest.fixture(scope="module")
 def one_slot(request, tmp_path_factory):
-    """One replica that takes one stream, with one place in the proxy's queue."""
+    """One replica with an API key that takes one stream, with one place in the proxy's queue."""
     cluster = serve_cluster(request)
-    cluster.deploy(ServerSettings(voices_dir=str(tmp_path_factory.mktemp("voices"))), replicas=1,
+    cluster.deploy(ServerSettings(api_key=KEY, voices_dir=str(tmp_path_factory.mktemp("voices"))), replicas=1,
                    max_streams=1, max_queued=1)
     yield cluster
     cluster.delete()
+
+
+def test_api_key_through_the_proxy_header_and_browser_subprotocol(one_slot):
+    refused = httpx.post(f"{one_slot.url}/v1/audio/speech", json={"input": "Hello."}, timeout=30)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    url = f"{one_slot.ws_url}/v1/realtime?model=espeak"
+    for kwargs in ({}, {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]}):
+        with pytest.raises(ws_sync.InvalidStatus) as info:
+            ws_sync.connect(url, open_timeout=10, **kwargs)
+        assert info.value.response.status_code == 403, kwargs
+    with ws_sync.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"], open_timeout=10) as ws:
+        assert ws.subprotocol == "realtime" and ws.response.headers["x-streamvox-replica"]
+        assert '"session.created"' in ws.recv(10)
 
 
 def _overloaded(status: int, headers, body: bytes) -> None:
@@ -202,16 +220,17 @@ def test_overload_is_refused_in_protocol_never_a_500(one_slot):
 
 async def _overload(cluster) -> None:
     stream_url = f"{cluster.ws_url}/v1/audio/speech/stream"
-    holder = await websockets.connect(stream_url)  # the replica's one slot, for as long as the session lasts
+    # The replica's one slot, for as long as the session lasts.
+    holder = await websockets.connect(stream_url, additional_headers=AUTH)
     try:
         started = time.monotonic()
-        queued = asyncio.ensure_future(websockets.connect(stream_url, open_timeout=30))
+        queued = asyncio.ensure_future(websockets.connect(stream_url, additional_headers=AUTH, open_timeout=30))
         await asyncio.sleep(1.0)  # it waits in the proxy's queue, which has one place
         async with httpx.AsyncClient(timeout=30) as client:
-            response = await client.post(f"{cluster.url}/v1/audio/speech", json={"input": "Hello."})
+            response = await client.post(f"{cluster.url}/v1/audio/speech", json={"input": "Hello."}, headers=AUTH)
         _overloaded(response.status_code, response.headers, response.content)
         with pytest.raises(websockets.InvalidStatus) as refused:
-            await websockets.connect(stream_url, open_timeout=30)
+            await websockets.connect(stream_url, additional_headers=AUTH, open_timeout=30)
         denial = refused.value.response
         _overloaded(denial.status_code, denial.headers, denial.body)
         with pytest.raises(websockets.InvalidStatus) as timed_out:
@@ -224,4 +243,5 @@ async def _overload(cluster) -> None:
         await holder.close()
     await asyncio.sleep(0.5)
     async with httpx.AsyncClient(timeout=60) as client:
-        assert (await client.post(f"{cluster.url}/v1/audio/speech", json={"input": "Hello."})).status_code == 200
+        response = await client.post(f"{cluster.url}/v1/audio/speech", json={"input": "Hello."}, headers=AUTH)
+        assert response.status_code == 200
