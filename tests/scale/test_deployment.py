@@ -91,13 +91,16 @@ def test_every_protocol_through_the_proxy_matches_a_direct_server(replicas, espe
 
 
 def test_requests_spread_over_both_replicas(replicas):
+    async def one(client: httpx.AsyncClient, delay: float) -> str:
+        await asyncio.sleep(delay)  # Serve's router sees each replica's load before it places the next request
+        response = await client.post(f"{replicas.url}/v1/audio/speech", json={"input": MINUTE_TEXT,
+                                                                              "response_format": "pcm"})
+        assert response.status_code == 200
+        return replica_of(response)
+
     async def run() -> list[str]:
         async with httpx.AsyncClient(timeout=120) as client:
-            responses = await asyncio.gather(*(
-                client.post(f"{replicas.url}/v1/audio/speech", json={"input": MINUTE_TEXT, "response_format": "pcm"})
-                for _ in range(6)))
-        assert all(r.status_code == 200 for r in responses)
-        return [replica_of(r) for r in responses]
+            return await asyncio.gather(*(one(client, 0.2 * i) for i in range(6)))
 
     assert len(set(asyncio.run(run()))) == 2
     seen = health_by_replica(replicas.url, 2)
@@ -109,15 +112,10 @@ def test_client_timeout_header_cuts_nothing(replicas):
     headers = {"x-request-timeout-seconds": "0.5"}
 
     async def run():
-        async with httpx.AsyncClient(timeout=120) as client:
-            body = {"input": MINUTE_TEXT, "response_format": "pcm", "stream_format": "sse"}
-            async with client.stream("POST", f"{replicas.url}/v1/audio/speech", json=body, headers=headers) as rsp:
-                parts = []
-                async for part in rsp.aiter_bytes():
-                    parts.append(part)
-                    await asyncio.sleep(len(part) / 2_000_000)  # ~2 s for the ~4 MB stream
-        events = parse_sse(b"".join(parts))
-        assert events[-1]["type"] == "speech.audio.done"
+        result: dict = {}
+        await _slow_http(replicas.url, SSE, result, 4_000_000, headers)  # ~3 s for ~12 MB
+        events = parse_sse(result["body"])
+        assert "error" not in result and events[-1]["type"] == "speech.audio.done"
         async with websockets.connect(f"{replicas.ws_url}/v1/audio/speech/stream", additional_headers=headers) as ws:
             await asyncio.sleep(1.5)
             client = StreamClient(ws)
@@ -181,9 +179,9 @@ def test_health_follows_the_engine_through_its_restart(replicas):
     assert httpx.get(f"{replicas.url}/-/healthz", timeout=10).status_code == 200
 
 
-async def _slow_http(url: str, body: dict, result: dict, rate: float) -> None:
+async def _slow_http(url: str, body: dict, result: dict, rate: float, headers: dict | None = None) -> None:
     transport = httpx.AsyncHTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, READER_RCVBUF)])
-    async with httpx.AsyncClient(transport=transport, timeout=120) as client:
+    async with httpx.AsyncClient(transport=transport, timeout=120, headers=headers) as client:
         try:
             async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as response:
                 result["replica"] = replica_of(response)
