@@ -27,17 +27,29 @@ import httpx
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.serving_bench import hardware, run_level  # noqa: E402
+from tests.helpers.ray_serve import proxy_pid  # noqa: E402
 from tests.helpers.server import free_port, start_server  # noqa: E402
 
 
-def measure(url: str, args) -> list[dict]:
+def measure(url: str, args, proxy: int | None = None) -> list[dict]:
+    """serving_bench's levels against `url`; with `proxy` (its pid), also the proxy's CPU per audio second."""
     args.model_name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     rows = []
     for concurrency in args.concurrency:
         n = args.requests_per_level or max(16, 4 * concurrency)
-        rows.append(asyncio.run(run_level(url, concurrency, n, args)))
-        print(json.dumps({"system": args.system, **rows[-1]}), flush=True)
+        before = cpu_seconds(proxy) if proxy else 0.0
+        row = asyncio.run(run_level(url, concurrency, n, args))
+        if proxy:
+            row["cpu_ms_per_audio_s_proxy"] = (cpu_seconds(proxy) - before) / (n * row["mean_audio_s"]) * 1000
+        rows.append(row)
+        print(json.dumps({"system": args.system, **row}), flush=True)
     return rows
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -68,17 +80,22 @@ def main() -> None:
         server = start_server(*model_flags)
         try:
             args.system = "direct"
+            args.server_pid = server.process.pid
+            args.core_pid = httpx.get(f"{server.url}/health", timeout=30).json()["engine_pid"]
             results["direct"] = measure(server.url, args)
         finally:
             server.stop()
+            args.server_pid = None
     if args.replicas:
         results.update(measure_replicas(args))
-    print("\n| system | concurrency | TTFP p50 ms | TTFP p95 ms | E2E p50 ms | RTF p50 | audio s/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| system | concurrency | TTFP p50 ms | TTFP p95 ms | E2E p50 ms | RTF p50 | audio s/s "
+          "| CPU ms per audio s: server (direct) or proxy |")
+    print("|---|---|---|---|---|---|---|---|")
     for system, rows in results.items():
         for r in rows:
+            cpu = r.get("cpu_ms_per_audio_s_server", r.get("cpu_ms_per_audio_s_proxy", float("nan")))
             print(f"| {system} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
-                  f"| {r['e2e_ms_p50']:.1f} | {r['rtf_p50']:.4f} | {r['audio_s_per_s']:.1f} |")
+                  f"| {r['e2e_ms_p50']:.1f} | {r['rtf_p50']:.4f} | {r['audio_s_per_s']:.1f} | {cpu:.2f} |")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "hardware": hardware(), "results": results}, f, indent=1)
@@ -103,7 +120,7 @@ def measure_replicas(args) -> dict[str, list[dict]]:
         for count in args.replicas:
             launch.deploy(settings, dataclasses.replace(options, replicas=count))
             args.system = f"{count} replica{'s' if count > 1 else ''}"
-            results[args.system] = measure(f"http://127.0.0.1:{port}", args)
+            results[args.system] = measure(f"http://127.0.0.1:{port}", args, proxy=proxy_pid())
             serve.delete(launch.APP_NAME)
     finally:
         launch.stop(options)
