@@ -17,6 +17,7 @@ from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import EngineUnavailable
 from streamvox.models.registry import ALIGNERS, DEFAULT_MODEL
+from streamvox.scale.options import add_scale_flags, scale_options
 from streamvox.server.audio_out import AudioOut
 from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
 
@@ -53,6 +54,10 @@ def _serve(args: argparse.Namespace) -> int:
                               max_buffered_audio_s=args.max_buffered_audio_s,
                               engine_restart_backoff_max_s=args.engine_restart_backoff_max_s,
                               media=media, allowed_origins=origins, voices_dir=args.voices_dir, env=env)
+    if (scale := scale_options(args)) is not None:
+        from streamvox.scale.launch import serve_replicas
+
+        return serve_replicas(settings, scale)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, log_config=_log_config(), ws_max_size=16 * 1024 * 1024,
@@ -207,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--llm-seed", type=int, default=None)
     agent.add_argument("--asr", default=None, metavar="DIR_OR_REPO",
                        help="Whisper-family speech recogniser run by vLLM, for input audio turns")
+    add_scale_flags(serve)
     serve.set_defaults(run=_serve)
 
     speak = commands.add_parser("speak", help="synthesise TEXT into an audio file")

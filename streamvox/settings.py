@@ -93,6 +93,7 @@ class ServerSettings:
     media: MediaPolicy = field(default_factory=MediaPolicy)
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: WebSocket origins besides none and same-host
     voices_dir: str | None = None  # --voices-dir: cloned voices; None: the user's data directory
+    replica: str | None = None  # set by streamvox.scale: this server's Ray Serve replica, named by /health
     env: ServerEnv = field(default_factory=ServerEnv.from_env)
 
 

@@ -10,15 +10,18 @@ from starlette.responses import JSONResponse, Response
 
 
 async def health(request: Request) -> Response:
-    engine = request.app.state.streamvox.engine
+    state = request.app.state.streamvox
+    engine = state.engine
+    # A Ray Serve replica names itself (streamvox.scale): operators and tests see which one answered.
+    replica = {"replica": state.settings.replica} if state.settings.replica else {}
     if not getattr(request.state, "api_key_valid", True):  # set by APIKeyMiddleware
-        return JSONResponse({"status": "ok"} if engine.is_ready else {"status": "unavailable"},
+        return JSONResponse({"status": "ok" if engine.is_ready else "unavailable", **replica},
                             status_code=200 if engine.is_ready else 503)
     if engine.is_ready:
         return JSONResponse({"status": "ok", "model": engine.info.name, "engine_pid": engine.core_pid,
-                             "engine_restarts": engine.restarts})
+                             "engine_restarts": engine.restarts, **replica})
     body = {"status": "unavailable", "engine_restarts": engine.restarts,
-            "engine_consecutive_failures": engine.consecutive_failures}
+            "engine_consecutive_failures": engine.consecutive_failures, **replica}
     if (restart_in := engine.restart_in_s) is not None:
         body["engine_restart_in_s"] = round(restart_in, 3)
     return JSONResponse(body, status_code=503)

@@ -85,6 +85,20 @@ class VoiceStore:
                 log.warning("ignoring stored voice %s: %s", entry, exc)
         return samples
 
+    def entries(self) -> dict[str, tuple[int, int]]:
+        """Stored voice names -> (inode, ctime) of each one's directory: they change when a name is stored again."""
+        if not self.root.is_dir():
+            return {}
+        found = {}
+        for entry in os.scandir(self.root):
+            if not entry.name.startswith(".") and entry.is_dir() and VOICE_NAME.fullmatch(entry.name):
+                stat = entry.stat()
+                found[entry.name] = (stat.st_ino, stat.st_ctime_ns)
+        return found
+
+    def load(self, name: str) -> VoiceSample:
+        return self._load(self.root / sample_name(name))
+
     @staticmethod
     def _load(entry: Path) -> VoiceSample:
         meta = json.loads((entry / "voice.json").read_text())
