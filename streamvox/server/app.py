@@ -15,6 +15,8 @@ from starlette.types import ASGIApp
 
 from streamvox.agent.responder import Responder
 from streamvox.engine.client import AsyncEngine
+from streamvox.server.cartesia.bytes import tts_bytes
+from streamvox.server.cartesia.websocket import cartesia_websocket
 from streamvox.server.demo_page import demo_routes
 from streamvox.server.errors import ERROR_HANDLERS
 from streamvox.server.housekeeping import trim_when_idle
@@ -97,6 +99,8 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
+        Route("/tts/bytes", tts_bytes, methods=["POST"]),  # Cartesia's API (docs/cartesia.md)
+        WebSocketRoute("/tts/websocket", cartesia_websocket),
         *demo_routes(),
     ]
     # Origin first: a foreign page is refused whether or not it knows the key.
