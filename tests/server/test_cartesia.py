@@ -402,3 +402,31 @@ def test_qwen3_base_takes_an_x_vector_of_its_size(base_server):
     assert socket.results["short"].end["param"] == "voice.embedding"
     assert f"{size} numbers" in socket.results["short"].end["error"]
     assert socket.results["id"].end["param"] == "voice.id"  # a Base checkpoint has no built-in voices
+
+
+def test_a_context_whose_audio_ends_first_drops_its_later_text_and_is_done_at_its_end(base_server):
+    """The tiny model stops after 64 frames (or earlier, at random); its input is still open then."""
+    size = json.loads((Path(base_server.model) / "config.json").read_text())["speaker_encoder_config"]["enc_dim"]
+    voice = {"mode": "embedding", "embedding": [0.01] * size}
+
+    async def run() -> tuple[Result, int]:
+        async with websockets.connect(f"{base_server.ws_url}/tts/websocket") as ws:
+            socket = Socket(ws)
+            await socket.send("capped", " ".join(TEXTS * 2), True, voice=voice)
+            while not socket.results["capped"].audio:
+                await socket.receive()
+            reader = asyncio.create_task(socket.until_ended("capped"))
+            # its request ends while its input is open
+            assert await asyncio.to_thread(_active_requests, base_server, 300) == 0
+            await asyncio.sleep(1)  # its last audio reaches the client
+            assert not reader.done()
+            reader.cancel()
+            await asyncio.wait([reader])
+            heard = len(socket.results["capped"].messages)
+            await socket.send("capped", " More text that has no audio.", True)
+            await socket.send("capped", "", False)
+            await socket.until_ended("capped")
+            return socket.results["capped"], heard
+
+    result, heard = asyncio.run(run())
+    assert [m["type"] for m in result.messages[heard:]] == ["done"]

@@ -5,7 +5,9 @@ context) and its text goes into the running generation as each message arrives; 
 input. `{"context_id", "cancel": true}` stops it; closing the socket stops all of them. Contexts run side by
 side and apart: each has its own engine request, text and output. Server messages: `chunk` (base64 audio),
 `timestamps` (after the audio they cover), then `done`; or an `error` (`done: false`, as LiveKit needs) that
-ends the context. An error about a message that names no usable context carries `context_id: null`.
+ends the context. An error about a message that names no usable context carries `context_id: null`. A context
+whose audio ends before its input does (a length limit) drops the text still sent for it, and its `done` comes
+when its input ends.
 
 Limits (per socket): a message is at most 1 MiB, a transcript 65536 characters and a context 200000; at most
 64 contexts are open at once.
@@ -59,6 +61,8 @@ class Context:
     cancelled: bool = False
     request_id: str | None = None  # once registered, text goes straight to the engine
     task: asyncio.Task | None = None
+    spoken: bool = False  # its request ended before its input did: later text is dropped
+    final: dict | None = None  # then its `done`, sent when the input ends
 
 
 class CartesiaSession:
@@ -130,6 +134,12 @@ class CartesiaSession:
         elif context.input_done:
             raise APIError(400, f"Context '{context_id}' already ended its input (continue: false); start a new "
                                 "context_id.", "context_id", "context_closed")
+        elif context.spoken:  # its audio ended early (a length limit, an error): the rest of its text has none
+            if not more:
+                self.forget(context)
+                if context.final is not None:
+                    await self.sender.json(context.final)
+            return
         self.add_text(context, transcript)
         if not more:
             context.input_done = True
@@ -160,19 +170,23 @@ class CartesiaSession:
             return
         if not context.has_text:
             if context.input_done:  # nothing to say
-                del self.contexts[context.id]
-                await self.sender.json({"type": "done", "context_id": context.id, "status_code": 200, "done": True})
+                self.forget(context)
+                await self.sender.json(_done(context.id))
             return
         if context.input_done or self.engine.info.streaming_text:
             context.task = asyncio.create_task(self.speak(context))
             self.tasks.add(context.task)
             context.task.add_done_callback(self.tasks.discard)
 
+    def forget(self, context: Context) -> None:
+        """From now on a message with this id opens a new context."""
+        if self.contexts.get(context.id) is context:
+            del self.contexts[context.id]
+
     def cancel(self, context: Context) -> None:
         """Stop a context now; nothing more is sent for it."""
         context.cancelled = True
-        if self.contexts.get(context.id) is context:
-            del self.contexts[context.id]
+        self.forget(context)
         if context.request_id is not None:
             self.engine.cancel(context.request_id)
 
@@ -185,9 +199,6 @@ class CartesiaSession:
                 self.cancel(context)
                 await self.send_error(context.id, APIError(500, "The server failed while speaking the context.",
                                                            code="server_error"))
-        finally:
-            if self.contexts.get(context.id) is context:
-                del self.contexts[context.id]
 
     async def _speak(self, context: Context) -> None:
         await self.engine.turns.wait(_ADMISSION_COST_MS)
@@ -220,13 +231,17 @@ class CartesiaSession:
                                                 "done": False, "data": pybase64.b64encode_as_string(data)})
         if context.cancelled or self.sender.closed:
             return
-        if self.contexts.get(context.id) is context:  # a message with this id from now on opens a new context
-            del self.contexts[context.id]
-        if (error := out.result.error) is not None:
+        error = out.result.error
+        if context.input_done:
+            self.forget(context)
+        else:  # more text may still come for it: it is dropped, and `done` waits for the input's end
+            context.spoken = True
+            context.final = None if error is not None else _done(context.id)
+        if error is not None:
             status = 400 if error.is_request_error else 503
             await self.send_error(context.id, APIError(status, error.message, error.param, error.code))
-        else:
-            await self.sender.json({"type": "done", "context_id": context.id, "status_code": 200, "done": True})
+        elif context.input_done:
+            await self.sender.json(_done(context.id))
 
     async def send_error(self, context_id: str | None, error: APIError) -> None:
         payload = {"type": "error", "context_id": context_id, "status_code": error.status, "done": False,
@@ -234,6 +249,10 @@ class CartesiaSession:
         if error.param is not None:
             payload["param"] = error.param
         await self.sender.json(payload)
+
+
+def _done(context_id: str) -> dict:
+    return {"type": "done", "context_id": context_id, "status_code": 200, "done": True}
 
 
 def _decode(message: dict) -> dict:
