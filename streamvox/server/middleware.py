@@ -1,4 +1,4 @@
-"""The server's ASGI middleware: request ids, WebSocket origins, then API keys.
+"""The server's ASGI middleware: request ids, a query's API key out of sight, WebSocket origins, then API keys.
 
 Request ids (`RequestIdMiddleware`, outermost): every HTTP response, errors
 and streams included, and every WebSocket handshake carries `x-request-id`:
@@ -17,8 +17,9 @@ API keys (`APIKeyMiddleware`), on every route, HTTP and WebSocket: HTTP and
 SDK clients send `Authorization: Bearer <key>`. Browsers cannot set headers on
 a WebSocket, so they may offer the subprotocol `openai-insecure-api-key.<key>`
 (next to `realtime`) instead. Cartesia's routes (`/tts/...`) also take the key
-as their clients send it, in `X-API-Key`, or as `?api_key=` (for browsers); that
-query parameter is taken out of the request before it is logged. The static
+as their clients send it, in `X-API-Key`, or as `?api_key=` (for browsers), which
+`QueryKeyMiddleware` (before the others) takes out of the query string so that
+no log line shows it. The static
 `/demo` client page needs no key (it holds none; it takes one from its URL).
 `/health` needs none either, so that liveness probes (Kubernetes, load
 balancers) can call it; without the key it says only up or down (the route
@@ -132,15 +133,21 @@ def _x_api_key(scope: Scope) -> str | None:
     return None
 
 
-def _take_query_key(scope: Scope) -> str | None:
-    """`?api_key=` of the request, removed from its query string (so that no access log shows it)."""
-    query = scope.get("query_string", b"").decode("latin-1")
-    if QUERY_KEY not in query:
-        return None
-    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-    key = next((value for name, value in pairs if name == QUERY_KEY), None)
-    scope["query_string"] = urllib.parse.urlencode([(n, v) for n, v in pairs if n != QUERY_KEY]).encode("latin-1")
-    return key
+class QueryKeyMiddleware:
+    """Moves a Cartesia route's `?api_key=` out of its query string into the request state (where
+    `APIKeyMiddleware` reads it) before anything can refuse the request: no access log line shows the key."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"").decode("latin-1")
+        if scope["type"] in ("http", "websocket") and scope["path"].startswith(CARTESIA_PREFIX) and QUERY_KEY in query:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+            key = next((value for name, value in pairs if name == QUERY_KEY), None)
+            scope["query_string"] = urllib.parse.urlencode([(n, v) for n, v in pairs if n != QUERY_KEY]).encode()
+            scope.setdefault("state", {})[QUERY_KEY] = key
+        await self.app(scope, receive, send)
 
 
 def _offered_keys(scope: Scope) -> list[str | None]:
@@ -148,7 +155,7 @@ def _offered_keys(scope: Scope) -> list[str | None]:
     if scope["type"] == "websocket":
         keys.append(_subprotocol_key(scope))
     if scope["path"].startswith(CARTESIA_PREFIX):
-        keys += [_x_api_key(scope), _take_query_key(scope)]
+        keys += [_x_api_key(scope), scope.get("state", {}).get(QUERY_KEY)]
     return keys
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ import pytest
 import websockets
 
 from benchmarks.build_tiny_qwen3 import build
-from tests.helpers.server import Server, start_server
+from tests.helpers.server import Server, free_port, start_server
 
 KEY = "cartesia-test-key"
 RATE = 24000
@@ -430,3 +432,33 @@ def test_a_context_whose_audio_ends_first_drops_its_later_text_and_is_done_at_it
 
     result, heard = asyncio.run(run())
     assert [m["type"] for m in result.messages[heard:]] == ["done"]
+
+
+def test_origin_rules_and_no_key_in_the_access_log(tmp_path):
+    log_path = tmp_path / "server.log"
+    port = free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port),
+                                    "--log-level", "info", "--api-key", KEY], stdout=log, stderr=subprocess.STDOUT)
+    server = Server(process, port, KEY)
+    try:
+        server.wait_healthy()
+
+        async def status(origin: str) -> int:
+            try:
+                async with _connect(server, f"?api_key={KEY}&cartesia_version=x", {"Origin": origin}):
+                    return 101
+            except websockets.InvalidStatus as refused:
+                return refused.response.status_code
+
+        async def run() -> list[int]:
+            return [await status(f"http://127.0.0.1:{port}"), await status("http://evil.example")]
+
+        assert asyncio.run(run()) == [101, 403]
+        body = {"transcript": "Hi.", "voice": {"mode": "id", "id": "alloy"}}
+        assert httpx.post(f"{server.url}/tts/bytes?api_key={KEY}", json=body, timeout=30).status_code == 200
+    finally:
+        server.stop()
+    log = log_path.read_text()
+    assert "/tts/websocket?cartesia_version=x" in log and "/tts/bytes" in log, log[-2000:]
+    assert KEY not in log
