@@ -1,9 +1,10 @@
 """LiveKit Agents' Cartesia plugin (`cartesia.TTS(base_url=...)`) against a StreamVox server. Run by
 test_cartesia_plugins.py with the clients venv's python (scripts/setup_clients_venv.sh), not collected by pytest.
 
-usage: livekit_cartesia_client.py BASE_URL API_KEY VOICE TEXT CASE...
+usage: livekit_cartesia_client.py BASE_URL API_KEY VOICE TEXT TIMEOUT_S CASE...
 CASE: stream (text pushed word by word at LLM pace, then a second utterance on the reused socket), synthesize
-(`POST /tts/bytes`), stream-16k (`sample_rate=16000`), bad-voice (an unknown voice, no retries).
+(`POST /tts/bytes`), stream-16k (`sample_rate=16000`), bad-voice (an unknown voice, no retries). TIMEOUT_S: how long
+the plugin waits for each message (its default is 10 s; a slow model on a busy CPU needs longer).
 Prints one JSON object: for each case its audio (sample rates, samples), word timings, when the first audio and
 the end of input came, or the error and how long it took to come.
 """
@@ -32,9 +33,9 @@ def _audio(frames: list[rtc.AudioFrame], **extra) -> dict:
             "samples": sum(f.samples_per_channel for f in frames), "words": words, **extra}
 
 
-async def _utterance(engine: cartesia.TTS, text: str) -> dict:
+async def _utterance(engine: cartesia.TTS, text: str, timeout_s: float) -> dict:
     """Push `text` a word at a time while reading the audio."""
-    stream = engine.stream()
+    stream = engine.stream(conn_options=APIConnectOptions(timeout=timeout_s))
     start = time.monotonic()
     input_ended = None
 
@@ -59,23 +60,25 @@ async def _utterance(engine: cartesia.TTS, text: str) -> dict:
     return _audio(frames, first_audio_s=first_audio, input_ended_s=input_ended, connection_reused=reused)
 
 
-async def stream_case(base_url: str, api_key: str, voice: str, text: str, sample_rate: int = 24000) -> dict:
+async def stream_case(base_url: str, api_key: str, voice: str, text: str, timeout_s: float,
+                      sample_rate: int = 24000) -> dict:
     async with aiohttp.ClientSession() as http:
         engine = cartesia.TTS(api_key=api_key, base_url=base_url, voice=voice, sample_rate=sample_rate,
                               http_session=http)
         try:
-            first = await _utterance(engine, text)
-            second = await _utterance(engine, text)
+            first = await _utterance(engine, text, timeout_s)
+            second = await _utterance(engine, text, timeout_s)
         finally:
             await engine.aclose()
     return {**first, "second": second}
 
 
-async def synthesize_case(base_url: str, api_key: str, voice: str, text: str) -> dict:
+async def synthesize_case(base_url: str, api_key: str, voice: str, text: str, timeout_s: float) -> dict:
     async with aiohttp.ClientSession() as http:
         engine = cartesia.TTS(api_key=api_key, base_url=base_url, voice=voice, http_session=http)
         try:
-            frames = [audio.frame async for audio in engine.synthesize(text)]
+            options = APIConnectOptions(timeout=timeout_s)
+            frames = [audio.frame async for audio in engine.synthesize(text, conn_options=options)]
         finally:
             await engine.aclose()
     return _audio(frames)
@@ -98,15 +101,15 @@ async def bad_voice_case(base_url: str, api_key: str, text: str) -> dict:
             await engine.aclose()
 
 
-async def main(base_url: str, api_key: str, voice: str, text: str, cases: list[str]) -> dict:
-    runs = {"stream": lambda: stream_case(base_url, api_key, voice, text),
-            "stream-16k": lambda: stream_case(base_url, api_key, voice, text, 16000),
-            "synthesize": lambda: synthesize_case(base_url, api_key, voice, text),
+async def main(base_url: str, api_key: str, voice: str, text: str, timeout_s: float, cases: list[str]) -> dict:
+    runs = {"stream": lambda: stream_case(base_url, api_key, voice, text, timeout_s),
+            "stream-16k": lambda: stream_case(base_url, api_key, voice, text, timeout_s, 16000),
+            "synthesize": lambda: synthesize_case(base_url, api_key, voice, text, timeout_s),
             "bad-voice": lambda: bad_voice_case(base_url, api_key, text)}
     results = {}
     for case in cases:
         try:
-            results[case] = await asyncio.wait_for(runs[case](), 120)
+            results[case] = await asyncio.wait_for(runs[case](), 600)
         except Exception as exc:
             traceback.print_exc()
             results[case] = {"error": f"{type(exc).__name__}: {exc}".strip()}
@@ -114,5 +117,5 @@ async def main(base_url: str, api_key: str, voice: str, text: str, cases: list[s
 
 
 if __name__ == "__main__":
-    url, key, voice_name, speech = sys.argv[1:5]
-    print(json.dumps(asyncio.run(main(url, key, voice_name, speech, sys.argv[5:]))))
+    url, key, voice_name, speech, timeout = sys.argv[1:6]
+    print(json.dumps(asyncio.run(main(url, key, voice_name, speech, float(timeout), sys.argv[6:]))))

@@ -62,7 +62,7 @@ class Collector(FrameProcessor):
         self.changed.set()
         await self.push_frame(frame, direction)
 
-    async def wait(self, condition, timeout: float = 60) -> None:
+    async def wait(self, condition, timeout: float = 300) -> None:
         async with asyncio.timeout(timeout):
             while not condition():
                 self.changed.clear()
@@ -126,7 +126,7 @@ async def main(url: str, api_key: str, voice: str, text: str, cases: list[str]) 
     results = {}
     for case in cases:
         try:
-            results[case] = await asyncio.wait_for(run_case(url, api_key, voice, text, case), 120)
+            results[case] = await asyncio.wait_for(run_case(url, api_key, voice, text, case), 600)
         except Exception as exc:
             traceback.print_exc()
             results[case] = {"error": f"{type(exc).__name__}: {exc}".strip()}
