@@ -3,7 +3,8 @@ test_cartesia_plugins.py with the clients venv's python (scripts/setup_clients_v
 
 usage: pipecat_cartesia_client.py WS_URL API_KEY VOICE TEXT CASE...
 CASE: sentence (the default text aggregation: whole sentences, `max_buffer_delay_ms: 0`), token (each LLM token
-as it comes), interrupt (a long turn interrupted after its first audio, then another turn on the same socket).
+as it comes), interrupt (a long turn interrupted after its first audio, then another turn on the same socket),
+http (`CartesiaHttpTTSService`: `POST /tts/bytes` per sentence).
 Prints one JSON object: for each case the audio the pipeline carried (sample rates, samples) and the words the
 service timed, or the error; `interrupt` also counts the audio frames that came after the interruption.
 """
@@ -31,7 +32,7 @@ from pipecat.frames.frames import (
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.cartesia.tts import CartesiaTTSService
+from pipecat.services.cartesia.tts import CartesiaHttpTTSService, CartesiaTTSService
 from pipecat.services.tts_service import TextAggregationMode
 from pipecat.workers.runner import WorkerRunner
 
@@ -88,8 +89,13 @@ async def _llm_turn(worker: PipelineWorker, text: str) -> None:
 
 async def run_case(url: str, api_key: str, voice: str, text: str, case: str) -> dict:
     mode = TextAggregationMode.TOKEN if case == "token" else TextAggregationMode.SENTENCE
-    service = CartesiaTTSService(api_key=api_key, url=url, sample_rate=24000, text_aggregation_mode=mode,
-                                 settings=CartesiaTTSService.Settings(voice=voice, model="sonic-3"))
+    if case == "http":
+        base_url = url.replace("ws", "http", 1).removesuffix("/tts/websocket")
+        service = CartesiaHttpTTSService(api_key=api_key, base_url=base_url, sample_rate=24000,
+                                         settings=CartesiaHttpTTSService.Settings(voice=voice, model="sonic-3"))
+    else:
+        service = CartesiaTTSService(api_key=api_key, url=url, sample_rate=24000, text_aggregation_mode=mode,
+                                     settings=CartesiaTTSService.Settings(voice=voice, model="sonic-3"))
     upstream, collector = Collector(), Collector()  # errors travel upstream, audio downstream
     worker = PipelineWorker(Pipeline([upstream, service, collector]), params=PipelineParams(),
                             idle_timeout_secs=None)

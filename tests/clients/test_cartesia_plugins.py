@@ -59,7 +59,7 @@ def livekit(espeak) -> dict:
 @pytest.fixture(scope="module")
 def pipecat(espeak) -> dict:
     results = _run("pipecat_cartesia_client.py", f"{espeak.ws_url}/tts/websocket", "alloy", "sentence", "token",
-                   "interrupt")
+                   "interrupt", "http")
     return {**results, "metrics": httpx.get(f"{espeak.url}/metrics", headers=espeak.headers()).text}
 
 
@@ -116,6 +116,14 @@ def test_pipecat_sentence_and_token_turns(pipecat, espeak):
     for case in ("sentence", "token"):
         _check_audio(pipecat[case], espeak)
         assert pipecat[case]["words"] == TEXT.split(), (case, pipecat[case]["words"])
+
+
+def test_pipecat_http_service(pipecat, espeak):
+    """`CartesiaHttpTTSService`: one `POST /tts/bytes` per sentence."""
+    result = pipecat["http"]
+    assert "error" not in result and not result["errors"] and result["sample_rates"] == [RATE], result
+    expected = _reference_samples(espeak)
+    assert abs(result["samples"] - expected) <= 0.05 * expected, (result["samples"], expected)
 
 
 def test_pipecat_interruption_cancels_within_a_chunk_and_the_next_turn_works(pipecat, espeak):
