@@ -1,4 +1,4 @@
-"""Cartesia's API (`WS /tts/websocket`, `POST /tts/bytes`) against real servers, with raw clients.
+"""Cartesia's API (`WS /tts/websocket`, `POST /tts/bytes`) against a real eSpeak server, with raw clients.
 
 Each context's audio and word timings are compared with the same messages sent alone on a fresh socket: many
 overlapping contexts on one socket, and many sockets at once, each get exactly their own.
@@ -7,28 +7,29 @@ overlapping contexts on one socket, and many sockets at once, each get exactly t
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import subprocess
 import sys
-import time
-from collections import defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import websockets
 
-from benchmarks.build_tiny_qwen3 import build
+from tests.helpers.cartesia_client import (
+    KEY,
+    RATE,
+    SETTINGS,
+    Result,
+    Socket,
+    active_requests,
+    check_context,
+    connect,
+    llm_pieces,
+    solo,
+)
 from tests.helpers.server import Server, free_port, start_server
 
-KEY = "cartesia-test-key"
-RATE = 24000
-SETTINGS = {"model_id": "sonic-3", "voice": {"mode": "id", "id": "alloy"}, "language": "en",
-            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE},
-            "add_timestamps": True}
 TEXTS = [
     "Good morning, and welcome aboard.", "The train to the coast leaves at nine.",
     "Please mind the gap, and hold the rail.", "Tea, coffee, or water, sir?",
@@ -49,92 +50,10 @@ def server():
     server.stop()
 
 
-def _pieces(text: str) -> list[str]:
-    """As an LLM streams it: words with their leading space."""
-    words = text.split(" ")
-    return [words[0]] + [" " + w for w in words[1:]]
-
-
-@dataclass
-class Result:
-    audio: bytearray = field(default_factory=bytearray)
-    words: list[tuple[str, float, float]] = field(default_factory=list)
-    messages: list[dict] = field(default_factory=list)
-    # seconds of audio received when each timestamps message came, and its last end
-    timestamp_checks: list[tuple[float, float]] = field(default_factory=list)
-
-    @property
-    def end(self) -> dict | None:
-        last = self.messages[-1] if self.messages else None
-        return last if last and last["type"] in ("done", "error") else None
-
-
-class Socket:
-    """A raw client: sends context messages, sorts what comes back by context."""
-
-    def __init__(self, ws, rate: int = RATE) -> None:
-        self.ws = ws
-        self.rate = rate
-        self.results: dict[str | None, Result] = defaultdict(Result)
-
-    async def send(self, context_id: str, transcript: str, more: bool, **extra) -> None:
-        await self.ws.send(json.dumps({**SETTINGS, **extra, "context_id": context_id, "transcript": transcript,
-                                       "continue": more}))
-
-    async def receive(self) -> dict:
-        message = json.loads(await self.ws.recv())
-        assert "type" in message and "context_id" in message, message
-        result = self.results[message["context_id"]]
-        result.messages.append(message)
-        if message["type"] == "chunk":
-            assert message["done"] is False
-            result.audio += base64.b64decode(message["data"])
-        elif message["type"] == "timestamps":
-            stamps = message["word_timestamps"]
-            result.words += list(zip(stamps["words"], stamps["start"], stamps["end"], strict=True))
-            result.timestamp_checks.append((len(result.audio) / 2 / self.rate, max(stamps["end"])))
-        elif message["type"] == "error":
-            assert message["done"] is False
-        return message
-
-    async def until_ended(self, *context_ids: str, timeout: float = 120) -> None:
-        async with asyncio.timeout(timeout):
-            while not all(self.results[c].end for c in context_ids):
-                await self.receive()
-
-
-def _connect(server: Server, query: str = "?cartesia_version=2025-04-16", headers: dict | None = None):
-    return websockets.connect(f"{server.ws_url}/tts/websocket{query}",
-                              additional_headers={"X-API-Key": KEY} if headers is None else headers,
-                              max_size=None)
-
-
-async def _solo(server: Server, pieces: list[str], **extra) -> Result:
-    async with _connect(server) as ws:
-        socket = Socket(ws)
-        for i, piece in enumerate(pieces):
-            await socket.send("solo", piece, i < len(pieces) - 1, **extra)
-        await socket.until_ended("solo")
-        return socket.results["solo"]
-
-
-def _check_context(result: Result, solo: Result | None = None) -> None:
-    assert result.end and result.end["type"] == "done", result.messages[-3:]
-    assert [m["type"] for m in result.messages].count("done") == 1
-    assert len(result.audio) > RATE  # more than half a second
-    for audio_s, last_end in result.timestamp_checks:  # timings come after the audio they cover
-        assert last_end <= audio_s + 1e-3, (audio_s, last_end)
-    starts = [start for _, start, _ in result.words]
-    assert starts == sorted(starts) and all(s <= e for _, s, e in result.words)
-    if solo is not None:
-        assert bytes(result.audio) == bytes(solo.audio)
-        assert result.words == solo.words
-
-
 def test_a_context_streams_audio_then_timestamps_then_done(server):
     text = "Hello there, how are you today? The weather is fine."
-    result = asyncio.run(_solo(server, _pieces(text)))
-    _check_context(result)
+    result = asyncio.run(solo(server, llm_pieces(text)))
+    check_context(result)
     assert result.messages[0]["type"] == "chunk" and result.messages[-1]["type"] == "done"
     assert [w for w, _, _ in result.words] == text.split(" ")  # the text's words, punctuation attached
     assert result.words[-1][2] <= len(result.audio) / 2 / RATE + 1e-3
@@ -145,43 +64,43 @@ def test_a_context_streams_audio_then_timestamps_then_done(server):
 
 def test_sixteen_overlapping_contexts_on_one_socket_each_get_their_own(server):
     async def run() -> None:
-        solos = [await _solo(server, _pieces(text)) for text in TEXTS]
-        async with _connect(server) as ws:
+        solos = [await solo(server, llm_pieces(text)) for text in TEXTS]
+        async with connect(server) as ws:
             socket = Socket(ws)
-            streams = [_pieces(text) for text in TEXTS]
+            streams = [llm_pieces(text) for text in TEXTS]
             for step in range(max(map(len, streams))):  # round-robin: every context open at once
                 for i, pieces in enumerate(streams):
                     if step < len(pieces):
                         await socket.send(f"ctx-{i}", pieces[step], step < len(pieces) - 1)
             await socket.until_ended(*(f"ctx-{i}" for i in range(len(TEXTS))))
-        for i, solo in enumerate(solos):
-            _check_context(socket.results[f"ctx-{i}"], solo)
+        for i, alone in enumerate(solos):
+            check_context(socket.results[f"ctx-{i}"], alone)
 
     asyncio.run(run())
 
 
 def test_thirty_two_sockets_at_once_each_get_their_own(server):
     async def one(i: int) -> Result:
-        async with _connect(server) as ws:
+        async with connect(server) as ws:
             socket = Socket(ws)
-            for j, piece in enumerate(pieces := _pieces(TEXTS[i % len(TEXTS)])):
+            for j, piece in enumerate(pieces := llm_pieces(TEXTS[i % len(TEXTS)])):
                 await socket.send("same-id", piece, j < len(pieces) - 1)
                 await asyncio.sleep(0.01)
             await socket.until_ended("same-id")
             return socket.results["same-id"]
 
     async def run() -> None:
-        solos = [await _solo(server, _pieces(text)) for text in TEXTS]
+        solos = [await solo(server, llm_pieces(text)) for text in TEXTS]
         results = await asyncio.gather(*(one(i) for i in range(32)))
         for i, result in enumerate(results):
-            _check_context(result, solos[i % len(TEXTS)])
+            check_context(result, solos[i % len(TEXTS)])
 
     asyncio.run(run())
 
 
 def test_bad_messages_get_an_error_and_other_contexts_go_on(server):
     async def run() -> Socket:
-        async with _connect(server) as ws:
+        async with connect(server) as ws:
             socket = Socket(ws)
             await socket.send("good", "A long sentence keeps this context busy,", True)
             await ws.send("{not json")
@@ -205,8 +124,8 @@ def test_bad_messages_get_an_error_and_other_contexts_go_on(server):
             return socket
 
     socket = asyncio.run(run())
-    _check_context(socket.results["good"])
-    _check_context(socket.results["after"])
+    check_context(socket.results["good"])
+    check_context(socket.results["after"])
     codes = [m["code"] for m in socket.results[None].messages]
     assert codes == ["invalid_json", "invalid_frame", "invalid_value"], socket.results[None].messages
     errors = {cid: socket.results[cid].messages for cid in ("unknown-field", "bad-voice", "embedding", "long",
@@ -221,7 +140,7 @@ def test_bad_messages_get_an_error_and_other_contexts_go_on(server):
 
 def test_cancel_stops_the_audio_within_a_chunk_and_the_socket_goes_on(server):
     async def run() -> tuple[Socket, int]:
-        async with _connect(server) as ws:
+        async with connect(server) as ws:
             socket = Socket(ws)
             await socket.send("long", LONG_TEXT, False)
             while len(socket.results["long"].audio) == 0:
@@ -240,20 +159,13 @@ def test_cancel_stops_the_audio_within_a_chunk_and_the_socket_goes_on(server):
     late = socket.results["long"].messages[cancelled_at:]
     assert [m["type"] for m in late].count("chunk") <= 1 and all(m["type"] != "done" for m in late), late
     assert len(socket.results["long"].audio) / 2 / RATE < 10  # the whole text is over 40 s
-    _check_context(socket.results["next"])
-    assert _active_requests(server) == 0
-
-
-def _active_requests(server: Server, timeout: float = 10) -> float:
-    deadline = time.monotonic() + timeout
-    while (active := server.metric("streamvox_active_requests")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return active
+    check_context(socket.results["next"])
+    assert active_requests(server) == 0
 
 
 def test_closing_the_socket_cancels_its_contexts(server):
     async def run() -> None:
-        async with _connect(server) as ws:
+        async with connect(server) as ws:
             socket = Socket(ws)
             await socket.send("open", LONG_TEXT, True)  # input never ends
             await socket.send("ended", LONG_TEXT, False)
@@ -261,12 +173,12 @@ def test_closing_the_socket_cancels_its_contexts(server):
                 await socket.receive()
 
     asyncio.run(run())
-    assert _active_requests(server) == 0
+    assert active_requests(server) == 0
 
 
 def test_whitespace_context_is_done_without_audio_and_ids_are_reusable(server):
     async def run() -> Socket:
-        async with _connect(server) as ws:
+        async with connect(server) as ws:
             socket = Socket(ws)
             await socket.send("empty", " ", True)
             await socket.send("empty", "  ", False)
@@ -286,8 +198,8 @@ def test_whitespace_context_is_done_without_audio_and_ids_are_reusable(server):
 
 def test_separate_messages_are_never_glued_into_one_word(server):
     async def run() -> tuple[Result, Result]:
-        glued = await _solo(server, ["Hel", "lo", " there."])
-        separate = await _solo(server, ["Hello", "there."], max_buffer_delay_ms=0)
+        glued = await solo(server, ["Hel", "lo", " there."])
+        separate = await solo(server, ["Hello", "there."], max_buffer_delay_ms=0)
         return glued, separate
 
     glued, separate = asyncio.run(run())
@@ -301,10 +213,10 @@ def test_speed_sample_rate_volume_and_encodings(server):
 
     async def run() -> dict[str, Result]:
         text = ["The train to the coast leaves at nine."]
-        results = {"plain": await _solo(server, text),
-                   "fast": await _solo(server, text, generation_config={"speed": 2.0}),
-                   "quiet": await _solo(server, text, generation_config={"volume": 0.5})}
-        async with _connect(server) as ws:
+        results = {"plain": await solo(server, text),
+                   "fast": await solo(server, text, generation_config={"speed": 2.0}),
+                   "quiet": await solo(server, text, generation_config={"volume": 0.5})}
+        async with connect(server) as ws:
             socket = Socket(ws, rate=16000)
             await socket.send("16k", text[0], False,
                               output_format={"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000})
@@ -349,7 +261,7 @@ def test_bytes_formats_and_errors(server):
 def test_every_key_source_and_any_version(server):
     async def handshake(query: str, headers: dict) -> str:
         try:
-            async with _connect(server, query, headers) as ws:
+            async with connect(server, query, headers) as ws:
                 socket = Socket(ws)
                 await socket.send("k", "Hi.", False)
                 await socket.until_ended("k")
@@ -373,67 +285,6 @@ def test_every_key_source_and_any_version(server):
     assert httpx.get(f"{server.url}/v1/models", headers={"X-API-Key": KEY}).status_code == 401
 
 
-@pytest.fixture(scope="module")
-def base_server(tmp_path_factory):
-    model = build(tmp_path_factory.mktemp("cartesia-base") / "tiny-base", "base", seed=22)
-    server = start_server("--model", str(model))
-    server.model = model
-    yield server
-    server.stop()
-
-
-@pytest.mark.timeout(1200)
-def test_qwen3_base_takes_an_x_vector_of_its_size(base_server):
-    size = json.loads((Path(base_server.model) / "config.json").read_text())["speaker_encoder_config"]["enc_dim"]
-
-    async def run() -> Socket:
-        async with websockets.connect(f"{base_server.ws_url}/tts/websocket") as ws:
-            socket = Socket(ws)
-            embedding = np.random.default_rng(0).standard_normal(size).tolist()
-            await socket.send("xv", "Hello there,", True, voice={"mode": "embedding", "embedding": embedding},
-                              language="en")
-            await socket.send("xv", " friend.", False)
-            await socket.send("short", "Hi.", False, voice={"mode": "embedding", "embedding": [0.0] * (size - 1)})
-            await socket.send("id", "Hi.", False, voice={"mode": "id", "id": "alloy"})
-            await socket.until_ended("xv", "short", "id")
-            return socket
-
-    socket = asyncio.run(run())
-    xv = socket.results["xv"]
-    assert xv.end["type"] == "done" and len(xv.audio) > 0
-    assert socket.results["short"].end["param"] == "voice.embedding"
-    assert f"{size} numbers" in socket.results["short"].end["error"]
-    assert socket.results["id"].end["param"] == "voice.id"  # a Base checkpoint has no built-in voices
-
-
-def test_a_context_whose_audio_ends_first_drops_its_later_text_and_is_done_at_its_end(base_server):
-    """The tiny model stops after 64 frames (or earlier, at random); its input is still open then."""
-    size = json.loads((Path(base_server.model) / "config.json").read_text())["speaker_encoder_config"]["enc_dim"]
-    voice = {"mode": "embedding", "embedding": [0.01] * size}
-
-    async def run() -> tuple[Result, int]:
-        async with websockets.connect(f"{base_server.ws_url}/tts/websocket") as ws:
-            socket = Socket(ws)
-            await socket.send("capped", " ".join(TEXTS * 2), True, voice=voice)
-            while not socket.results["capped"].audio:
-                await socket.receive()
-            reader = asyncio.create_task(socket.until_ended("capped"))
-            # its request ends while its input is open
-            assert await asyncio.to_thread(_active_requests, base_server, 300) == 0
-            await asyncio.sleep(1)  # its last audio reaches the client
-            assert not reader.done()
-            reader.cancel()
-            await asyncio.wait([reader])
-            heard = len(socket.results["capped"].messages)
-            await socket.send("capped", " More text that has no audio.", True)
-            await socket.send("capped", "", False)
-            await socket.until_ended("capped")
-            return socket.results["capped"], heard
-
-    result, heard = asyncio.run(run())
-    assert [m["type"] for m in result.messages[heard:]] == ["done"]
-
-
 def test_origin_rules_and_no_key_in_the_access_log(tmp_path):
     log_path = tmp_path / "server.log"
     port = free_port()
@@ -446,7 +297,7 @@ def test_origin_rules_and_no_key_in_the_access_log(tmp_path):
 
         async def status(origin: str) -> int:
             try:
-                async with _connect(server, f"?api_key={KEY}&cartesia_version=x", {"Origin": origin}):
+                async with connect(server, f"?api_key={KEY}&cartesia_version=x", {"Origin": origin}):
                     return 101
             except websockets.InvalidStatus as refused:
                 return refused.response.status_code
