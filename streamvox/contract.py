@@ -42,6 +42,10 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     ref_audio: bytes | None = None  # mono float32 PCM at `ref_sample_rate`
     ref_sample_rate: int | None = None
     ref_text: str | None = None
+    # An x-vector given as is (Cartesia's embedding voices): `ModelInfo.speaker_embedding_size` little-endian
+    # float32 values, spoken like a voice cloned from reference audio. Only where that size is > 0 (front ends
+    # check it; a runner that takes them refuses a wrong size with a `RequestError`).
+    speaker_embedding: bytes | None = None
     sampling: SamplingParams = SamplingParams()
     initial_codec_chunk_frames: int | None = None
     # Rate in Hz of the audio the request yields (1000-384000; else a `RequestError`); None: the model's
@@ -108,6 +112,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     default_voice: str
     languages: list[str] = []
     task_types: list[str] = []
+    speaker_embedding_size: int = 0  # > 0: requests may carry a `speaker_embedding` of this many values
     streaming_text: bool = False  # True: text may arrive token by token mid-generation
     native_speed: bool = False  # True: the model applies `speed` itself
     voice_cloning: bool = False  # True: POST /v1/audio/voices is offered

@@ -15,11 +15,13 @@ from starlette.types import ASGIApp
 
 from streamvox.agent.responder import Responder
 from streamvox.engine.client import AsyncEngine
+from streamvox.server.cartesia.bytes import tts_bytes
+from streamvox.server.cartesia.websocket import cartesia_websocket
 from streamvox.server.demo_page import demo_routes
 from streamvox.server.errors import ERROR_HANDLERS
 from streamvox.server.housekeeping import trim_when_idle
 from streamvox.server.metrics import LoopLagMonitor, Metrics
-from streamvox.server.middleware import APIKeyMiddleware, OriginMiddleware, RequestIdMiddleware
+from streamvox.server.middleware import APIKeyMiddleware, OriginMiddleware, QueryKeyMiddleware, RequestIdMiddleware
 from streamvox.server.realtime.endpoint import realtime_endpoint
 from streamvox.server.routes.health import health, metrics, models
 from streamvox.server.routes.speech import speech, speech_batch
@@ -97,10 +99,13 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/v1/audio/speech/batch", speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
+        Route("/tts/bytes", tts_bytes, methods=["POST"]),  # Cartesia's API (docs/cartesia.md)
+        WebSocketRoute("/tts/websocket", cartesia_websocket),
         *demo_routes(),
     ]
-    # Origin first: a foreign page is refused whether or not it knows the key.
-    middleware = [Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
+    # Origin first: a foreign page is refused whether or not it knows the key (a query's key is out of sight first).
+    middleware = [Middleware(QueryKeyMiddleware),
+                  Middleware(OriginMiddleware, allowed_origins=settings.allowed_origins)]
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
     app = _Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=ERROR_HANDLERS)

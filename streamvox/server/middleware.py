@@ -1,4 +1,4 @@
-"""The server's ASGI middleware: request ids, WebSocket origins, then API keys.
+"""The server's ASGI middleware: request ids, a query's API key out of sight, WebSocket origins, then API keys.
 
 Request ids (`RequestIdMiddleware`, outermost): every HTTP response, errors
 and streams included, and every WebSocket handshake carries `x-request-id`:
@@ -16,10 +16,14 @@ other handshake is refused before it is accepted: the client sees HTTP 403.
 API keys (`APIKeyMiddleware`), on every route, HTTP and WebSocket: HTTP and
 SDK clients send `Authorization: Bearer <key>`. Browsers cannot set headers on
 a WebSocket, so they may offer the subprotocol `openai-insecure-api-key.<key>`
-(next to `realtime`) instead. The static `/demo` client page needs no key (it
-holds none; it takes one from its URL). `/health` needs none either, so that
-liveness probes (Kubernetes, load balancers) can call it; without the key it
-says only up or down (the route reads `api_key_valid` from the request state).
+(next to `realtime`) instead. Cartesia's routes (`/tts/...`) also take the key
+as their clients send it, in `X-API-Key`, or as `?api_key=` (for browsers), which
+`QueryKeyMiddleware` (before the others) takes out of the query string so that
+no log line shows it. The static
+`/demo` client page needs no key (it holds none; it takes one from its URL).
+`/health` needs none either, so that liveness probes (Kubernetes, load
+balancers) can call it; without the key it says only up or down (the route
+reads `api_key_valid` from the request state).
 A refused WebSocket is closed before it is accepted (the client sees HTTP 403).
 """
 
@@ -39,6 +43,8 @@ from streamvox.server.errors import APIError
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (up or down only)
+CARTESIA_PREFIX = "/tts/"  # Cartesia's routes: `X-API-Key` or `?api_key=` as well
+QUERY_KEY = "api_key"
 REQUEST_ID_HEADER = b"x-request-id"
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII: safe in headers and log lines
 
@@ -120,6 +126,39 @@ def _subprotocol_key(scope: Scope) -> str | None:
     return None
 
 
+def _x_api_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+class QueryKeyMiddleware:
+    """Moves a Cartesia route's `?api_key=` out of its query string into the request state (where
+    `APIKeyMiddleware` reads it) before anything can refuse the request: no access log line shows the key."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"").decode("latin-1")
+        if scope["type"] in ("http", "websocket") and scope["path"].startswith(CARTESIA_PREFIX) and QUERY_KEY in query:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+            key = next((value for name, value in pairs if name == QUERY_KEY), None)
+            scope["query_string"] = urllib.parse.urlencode([(n, v) for n, v in pairs if n != QUERY_KEY]).encode()
+            scope.setdefault("state", {})[QUERY_KEY] = key
+        await self.app(scope, receive, send)
+
+
+def _offered_keys(scope: Scope) -> list[str | None]:
+    keys = [_bearer(scope)]
+    if scope["type"] == "websocket":
+        keys.append(_subprotocol_key(scope))
+    if scope["path"].startswith(CARTESIA_PREFIX):
+        keys += [_x_api_key(scope), scope.get("state", {}).get(QUERY_KEY)]
+    return keys
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -129,15 +168,18 @@ class APIKeyMiddleware:
         return key is not None and hmac.compare_digest(key.encode(), self.api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        allowed = any(self._allowed(key) for key in _offered_keys(scope))
         if scope["type"] == "http" and scope["path"] in OPEN_PATHS:
-            scope.setdefault("state", {})["api_key_valid"] = self._allowed(_bearer(scope))
-        elif scope["type"] == "http" and not is_public_path(scope["path"]) and not self._allowed(_bearer(scope)):
-            error = APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.")
+            scope.setdefault("state", {})["api_key_valid"] = allowed
+        elif scope["type"] == "http" and not is_public_path(scope["path"]) and not allowed:
+            how = "'X-API-Key: <key>' or " if scope["path"].startswith(CARTESIA_PREFIX) else ""
+            error = APIError(401, f"Missing or invalid API key: send {how}'Authorization: Bearer <key>'.")
             await error.response()(scope, receive, send)
             return
-        if scope["type"] == "websocket" and not (
-            self._allowed(_bearer(scope)) or self._allowed(_subprotocol_key(scope))
-        ):
+        if scope["type"] == "websocket" and not allowed:
             await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
             return
         await self.app(scope, receive, send)

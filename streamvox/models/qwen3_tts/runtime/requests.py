@@ -152,6 +152,9 @@ class Admission:
             if asked != task:
                 raise RequestError(f"task_type {asked!r} is not supported by this checkpoint ({task!r})",
                                    param="task_type")
+        if r.speaker_embedding is not None and task != "base":
+            raise RequestError(f"speaker_embedding needs a Base checkpoint; this one serves {task!r}",
+                               param="speaker_embedding")
         lang = (r.language or "auto").strip().lower()
         if lang not in cfg.languages:
             raise RequestError(f"unsupported language {r.language!r}; supported: {', '.join(cfg.languages)}",

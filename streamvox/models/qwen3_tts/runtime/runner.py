@@ -102,6 +102,7 @@ class Qwen3TTSRunner:
             default_voice=speakers[0] if (self.task == "custom_voice" and speakers) else "default",
             languages=cfg.languages,
             task_types=[self.task],
+            speaker_embedding_size=cfg.speaker_encoder.enc_dim if self.task == "base" else 0,
             streaming_text=True,
             native_speed=False,
             voice_cloning=self.task == "base",

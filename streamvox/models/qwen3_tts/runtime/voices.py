@@ -38,8 +38,11 @@ class VoiceCloning:
         self.voices: dict[str, ClonedVoice] = {}
 
     def apply(self, r: SpeechRequest, spec: VoiceSpec) -> None:
-        """Fill `spec` with the request's cloned voice: its `ref_audio`, or the registered voice it names."""
-        if r.ref_audio:
+        """Fill `spec` with the request's cloned voice: its `speaker_embedding`, its `ref_audio`, or the registered
+        voice it names."""
+        if r.speaker_embedding is not None:
+            voice = ClonedVoice(self.embedding(r.speaker_embedding))
+        elif r.ref_audio:
             voice = self.analyse(r.ref_audio, r.ref_sample_rate, r.ref_text)
         elif r.voice:
             voice = self.voices.get(r.voice)
@@ -54,6 +57,17 @@ class VoiceCloning:
             spec.ref_codes = voice.ref_codes
             spec.ref_text_ids = list(voice.ref_text_ids)
         spec.non_streaming = False  # upstream's voice clone default
+
+    def embedding(self, data: bytes) -> torch.Tensor:
+        """A request's own x-vector (little-endian float32) as the speaker encoder would give it."""
+        size = self.model.cfg.speaker_encoder.enc_dim
+        if len(data) != 4 * size:
+            raise RequestError(f"speaker_embedding must hold {size} float32 values (this model's x-vector size)",
+                               param="speaker_embedding")
+        vector = np.frombuffer(data, dtype="<f4").astype(np.float32)
+        if not np.isfinite(vector).all():
+            raise RequestError("speaker_embedding holds values that are not finite numbers", param="speaker_embedding")
+        return torch.from_numpy(vector).to(self.model.device)
 
     def analyse(self, ref_audio: bytes, sr: int | None, ref_text: str | None) -> ClonedVoice:
         """Speaker embedding (and, with `ref_text`, reference codes) of reference audio."""
