@@ -26,7 +26,7 @@ def _route_path(scope: Scope) -> str:
 
 
 def _may_name_a_voice(path: str) -> bool:
-    return path.startswith("/v1/audio/") or path == "/v1/realtime"
+    return path.startswith(("/v1/audio/", "/tts/")) or path == "/v1/realtime"
 
 
 class ReplicaMiddleware:
