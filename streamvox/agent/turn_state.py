@@ -1,8 +1,9 @@
 """What the voice agent keeps for one session and for one thinker reply, apart from the protocol's own state.
 
-`TurnState` belongs to a session: the server VAD over its input audio (and the turn it is hearing) and the
-transcriptions still running, which a thinker reply waits for. `ThinkerReply` belongs to a response the thinker
-writes: what it answers, how far it got, and the report sent back with it.
+`TurnState` belongs to a session: the server VAD over its input audio (and the turn it is hearing), the
+transcriptions still running, which a thinker reply waits for, and a VAD turn's reply waiting for its
+transcript. `ThinkerReply` belongs to a response the thinker writes: what it answers, how far it got, and the
+report sent back with it.
 """
 
 from __future__ import annotations
@@ -10,29 +11,46 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from streamvox.agent.errors import StageError
-from streamvox.agent.vad import EnergyVad, VadSettings
+from streamvox.agent.vad import VAD_EXECUTOR, SileroVad, VadEvent, VadSettings
 
 
 class TurnState:
-    """A session's server VAD and its transcriptions in flight."""
+    """A session's server VAD, the turn it is hearing, and its transcriptions in flight."""
 
     def __init__(self) -> None:
-        self.vad: EnergyVad | None = None
+        self.vad: SileroVad | None = None
         self.speech_item_id: str | None = None  # the item the speech being heard will become
+        self.speech_start_ms: int | None = None  # where that item's audio starts (its audio_start_ms)
         self.transcriptions: dict[str, asyncio.Task] = {}  # item id -> its transcription
+        self.pending_reply: asyncio.Task | None = None  # a VAD turn's response, waiting for its transcript
 
-    def vad_for(self, settings: VadSettings, sample_rate: int) -> EnergyVad:
-        """The session's VAD, new when its settings or the input rate changed."""
+    def vad_for(self, settings: VadSettings, sample_rate: int, position_ms: int) -> SileroVad:
+        """The session's VAD with `settings`; a new one (counting from `position_ms`, where the audio it is
+        about to hear starts) when there was none or the input rate changed."""
         vad = self.vad
-        if vad is None or vad.settings != settings or vad.sample_rate != sample_rate:
-            vad = self.vad = EnergyVad(settings, sample_rate)
+        if vad is None or vad.sample_rate != sample_rate:
+            vad = self.vad = SileroVad(settings, sample_rate, origin_ms=position_ms)
+        vad.settings = settings
         return vad
 
-    def reset_vad(self) -> None:
-        """The input buffer was committed or cleared: positions count from zero again."""
+    async def hear(self, vad: SileroVad, samples: np.ndarray) -> list[VadEvent]:
+        """Run `vad` over the next samples off the event loop (the caller awaits each call in turn, so a
+        session's audio is heard in order)."""
+        return await asyncio.get_running_loop().run_in_executor(VAD_EXECUTOR, vad.process, samples)
+
+    def forget_speech(self) -> None:
+        """The input buffer was cleared: the speech being heard is not a turn any more."""
         if self.vad is not None:
-            self.vad.reset()
+            self.vad.forget_speech()
+        self.speech_item_id = self.speech_start_ms = None
+
+    def drop_pending_reply(self) -> None:
+        if self.pending_reply is not None:
+            self.pending_reply.cancel()
+            self.pending_reply = None
 
     def track(self, item_id: str, transcription: asyncio.Task) -> None:
         self.transcriptions[item_id] = transcription
@@ -44,6 +62,7 @@ class TurnState:
             await asyncio.gather(*list(self.transcriptions.values()), return_exceptions=True)
 
     def close(self) -> None:
+        self.drop_pending_reply()
         for task in list(self.transcriptions.values()):
             task.cancel()
 
