@@ -24,9 +24,7 @@ since the detector's origin (the start of the session's input audio).
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -39,9 +37,6 @@ WINDOW_MS = 32
 HYSTERESIS = 0.15
 ONSET_LEAD_MS = 32
 OFFSET_LAG_MS = 64
-
-# Where sessions run their VAD, off the event loop (onnxruntime releases the GIL while it runs).
-VAD_EXECUTOR = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="vad")
 
 
 class VadConfigError(ValueError):
@@ -105,6 +100,10 @@ class SileroModel:
                                                     providers=["CPUExecutionProvider"])
 
     @classmethod
+    def loaded(cls) -> bool:
+        return cls._shared is not None
+
+    @classmethod
     def shared(cls) -> SileroModel:
         with cls._lock:
             if cls._shared is None:
@@ -152,7 +151,7 @@ class SileroVad:
 
     def process(self, samples: np.ndarray) -> list[VadEvent]:
         """Float32 samples at `sample_rate` -> the events they complete."""
-        model = SileroModel.shared()  # loaded by the first session that needs it, in the VAD thread
+        model = SileroModel.shared()
         data = np.concatenate([self.pending, self.resampler.process(samples)])
         events: list[VadEvent] = []
         s = self.settings

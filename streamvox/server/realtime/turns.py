@@ -321,12 +321,37 @@ class AudioTurns:
     async def _speech_started(self, audio_start_ms: int, settings: VadSettings) -> None:
         s, turns = self.session, self.turns
         turns.speech_item_id, turns.speech_start_ms = new_id("item"), audio_start_ms
-        if settings.interrupt_response:
+        heard_at = time.monotonic()
+        if settings.interrupt_response:  # barge-in: stop generating before anything else
             turns.drop_pending_reply()
+            self.responses.cancel("turn_detected")
         await s.send("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms,
                      item_id=turns.speech_item_id)
-        if settings.interrupt_response and self.responses.current is not None:
-            await self.responses.stop("turn_detected")  # barge-in: the thinker and the talker stop
+        if settings.interrupt_response:
+            await self._interrupt(heard_at)
+
+    async def _interrupt(self, heard_at: float) -> None:
+        """The user spoke over the newest response: it stops if it is still running (the thinker and the talker
+        stop), and its reply is cut at what the user can have heard by `heard_at`, when it was not all played
+        yet. Audio is made faster than real time, so a reply whose generation ended long ago may still be
+        playing: it is interrupted too, as upstream's server does with the output audio buffer it plays
+        (docs/realtime.md)."""
+        s, response = self.session, self.responses.latest
+        if response is None:
+            return
+        played_ms = response.played_ms(heard_at)
+        if self.responses.current is response:
+            await self.responses.stop("turn_detected")
+        if not response.in_conversation or not response.audio or played_ms >= response.audio_ms:
+            return
+        index = s.conversation.index(response.item_id)
+        if index is None:  # the client deleted it
+            return
+        # Upstream keeps no text the user has not heard. The audio length the client may truncate to stays:
+        # its own conversation.item.truncate (it knows what it played) still applies.
+        s.conversation.items[index]["content"][0]["transcript"] = ""
+        await s.send("conversation.item.truncated", item_id=response.item_id, content_index=0,
+                     audio_end_ms=played_ms)
 
     async def _speech_stopped(self, audio_end_ms: int, settings: VadSettings) -> None:
         s, turns = self.session, self.turns
