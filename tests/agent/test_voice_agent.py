@@ -464,7 +464,9 @@ async def test_vllm_server_vad_barge_in(vllm_agent):
         after = await events_until(conn, "conversation.item.truncated")
         assert (names + types(after)).count("input_audio_buffer.speech_started") == 2, (names, types(after))
         truncated = after[-1]
-        assert truncated["item_id"] == reply_id and 0 <= truncated["audio_end_ms"] < reply_ms, (truncated, reply_ms)
+        assert truncated["item_id"] == reply_id and 0 <= truncated["audio_end_ms"] <= reply_ms, (truncated, reply_ms)
+        if thinker["state"] == "finished":
+            assert truncated["audio_end_ms"] < reply_ms  # still playing
         print(f"barge-in: thinker {thinker['state']} after {thinker['deltas']} deltas, response {done['status']}, "
               f"reply cut at {truncated['audio_end_ms']} of {reply_ms} ms; timings (ms)",
               done["streamvox"]["timings_ms"])

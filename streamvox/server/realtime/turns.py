@@ -332,24 +332,27 @@ class AudioTurns:
 
     async def _interrupt(self, heard_at: float) -> None:
         """The user spoke over the newest response: it stops if it is still running (the thinker and the talker
-        stop), and its reply is cut at what the user can have heard by `heard_at`, when it was not all played
-        yet. Audio is made faster than real time, so a reply whose generation ended long ago may still be
-        playing: it is interrupted too, as upstream's server does with the output audio buffer it plays
-        (docs/realtime.md)."""
+        stop), and its reply is cut at what the user can have heard by `heard_at`. Audio is made faster than
+        real time, so a reply whose generation ended long ago may still be playing: it is cut too, as upstream's
+        server does with the output audio buffer it plays (docs/realtime.md). A reply played to its end is left
+        alone."""
         s, response = self.session, self.responses.latest
         if response is None:
             return
         played_ms = response.played_ms(heard_at)
-        if self.responses.current is response:
+        running = self.responses.current is response
+        if running:
             await self.responses.stop("turn_detected")
-        if not response.in_conversation or not response.audio or played_ms >= response.audio_ms:
+        if not response.in_conversation or not response.audio or (not running and played_ms >= response.audio_ms):
             return
         index = s.conversation.index(response.item_id)
-        if index is None:  # the client deleted it
+        content = s.conversation.items[index].get("content") if index is not None else None
+        if not content:  # the client deleted the item, or the response ended before its content
             return
-        # Upstream keeps no text the user has not heard. The audio length the client may truncate to stays:
-        # its own conversation.item.truncate (it knows what it played) still applies.
-        s.conversation.items[index]["content"][0]["transcript"] = ""
+        # Upstream keeps no text the user has not heard (a thinker's text runs ahead of its audio). The audio
+        # length the client may truncate to stays: its own conversation.item.truncate (it knows what it played)
+        # still applies.
+        content[0]["transcript"] = ""
         await s.send("conversation.item.truncated", item_id=response.item_id, content_index=0,
                      audio_end_ms=played_ms)
 
