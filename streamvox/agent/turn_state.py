@@ -9,12 +9,16 @@ report sent back with it.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamvox.agent.errors import StageError
-from streamvox.agent.vad import SileroModel, SileroVad, VadEvent, VadSettings
+from streamvox.agent.vad import VAD_THREADS, SileroVad, VadEvent, VadSettings, hear
+
+log = logging.getLogger(__name__)
 
 
 class TurnState:
@@ -24,6 +28,9 @@ class TurnState:
         self.vad: SileroVad | None = None
         self.speech_item_id: str | None = None  # the item the speech being heard will become
         self.speech_start_ms: int | None = None  # where that item's audio starts (its audio_start_ms)
+        self.epoch = 0  # counts the input buffer's clears: events of audio heard before the last one are dropped
+        self.unheard: list[tuple[int, SileroVad, np.ndarray]] = []  # audio waiting for the VAD, in order
+        self.listening: asyncio.Task | None = None  # runs the VAD over `unheard`
         self.transcriptions: dict[str, asyncio.Task] = {}  # item id -> its transcription
         self.pending_reply: asyncio.Task | None = None  # a VAD turn's response, waiting for its transcript
 
@@ -36,18 +43,30 @@ class TurnState:
         vad.settings = settings
         return vad
 
-    async def hear(self, vad: SileroVad, samples: np.ndarray) -> list[VadEvent]:
-        """Run `vad` over the next samples, on the event loop: about 0.1 ms of CPU per 20 ms of audio, less
-        than a hop to a worker thread costs the loop (benchmarks/vad_bench.py). The model is loaded once per
-        process, in a worker thread."""
-        if not SileroModel.loaded():
-            await asyncio.to_thread(SileroModel.shared)
-        return vad.process(samples)
+    def listen(self, vad: SileroVad, samples: np.ndarray, on_event: Callable[[VadEvent], Awaitable[None]]) -> None:
+        """Have `vad` hear the next samples, off the event loop, and `on_event` handle what it hears, in order.
+
+        The caller does not wait: audio that arrives while the VAD runs is heard in one go after it, so a busy
+        server hops to the VAD thread less often instead of falling behind."""
+        self.unheard.append((self.epoch, vad, samples))
+        if self.listening is None or self.listening.done():
+            self.listening = asyncio.create_task(self._listen(on_event))
+
+    async def _listen(self, on_event: Callable[[VadEvent], Awaitable[None]]) -> None:
+        loop = asyncio.get_running_loop()
+        while self.unheard:
+            segments, self.unheard = self.unheard, []
+            for epoch, event in await loop.run_in_executor(VAD_THREADS, hear, segments):
+                if epoch != self.epoch:
+                    continue  # heard in audio that was cleared since
+                try:
+                    await on_event(event)
+                except Exception:  # a bug must not stop the session's VAD
+                    log.exception("handling a VAD event failed")
 
     def forget_speech(self) -> None:
         """The input buffer was cleared: the speech being heard is not a turn any more."""
-        if self.vad is not None:
-            self.vad.forget_speech()
+        self.epoch += 1
         self.speech_item_id = self.speech_start_ms = None
 
     def drop_pending_reply(self) -> None:
@@ -66,6 +85,8 @@ class TurnState:
 
     def close(self) -> None:
         self.drop_pending_reply()
+        if self.listening is not None:
+            self.listening.cancel()
         for task in list(self.transcriptions.values()):
             task.cancel()
 

@@ -24,7 +24,9 @@ since the detector's origin (the start of the session's input audio).
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -37,6 +39,9 @@ WINDOW_MS = 32
 HYSTERESIS = 0.15
 ONSET_LEAD_MS = 32
 OFFSET_LAG_MS = 64
+
+# Where sessions' VAD work runs, off the event loop (onnxruntime releases the GIL while it runs).
+VAD_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vad")
 
 
 class VadConfigError(ValueError):
@@ -100,10 +105,6 @@ class SileroModel:
                                                     providers=["CPUExecutionProvider"])
 
     @classmethod
-    def loaded(cls) -> bool:
-        return cls._shared is not None
-
-    @classmethod
     def shared(cls) -> SileroModel:
         with cls._lock:
             if cls._shared is None:
@@ -131,6 +132,7 @@ class SileroVad:
         self.reset()
 
     def reset(self) -> None:
+        self.epoch = 0  # that of the audio heard last (see `hear`)
         self.pending = np.zeros(self.context, dtype=np.float32)  # context samples, then the next window's
         self.state = np.zeros((2, 1, 128), dtype=np.float32)
         self.windows = 0  # windows run so far
@@ -181,3 +183,16 @@ class SileroVad:
                     self.silence_start = None
         self.pending = data[start:].copy()
         return events
+
+
+def hear(segments: list[tuple[int, SileroVad, np.ndarray]]) -> list[tuple[int, VadEvent]]:
+    """Run each (epoch, detector, samples) segment through its detector, in order; the events, each with the epoch
+    of the audio it was heard in. A segment of a newer epoch than its detector's last (the input buffer was
+    cleared in between) starts with the speech forgotten. Runs in a VAD thread."""
+    events = []
+    for epoch, vad, samples in segments:
+        if epoch != vad.epoch:
+            vad.epoch = epoch
+            vad.forget_speech()
+        events += [(epoch, event) for event in vad.process(samples)]
+    return events

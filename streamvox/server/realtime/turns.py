@@ -25,7 +25,7 @@ from streamvox.agent.asr import Transcriber
 from streamvox.agent.errors import StageError
 from streamvox.agent.responder import Responder
 from streamvox.agent.turn_state import ThinkerReply, TurnState
-from streamvox.agent.vad import VadSettings
+from streamvox.agent.vad import VadEvent, VadSettings
 from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import new_request_id
@@ -302,8 +302,9 @@ class AudioTurns:
                      usage={"type": "duration", "seconds": round(seconds, 3)})
 
     async def on_input_audio(self, data: bytes, start_ms: float) -> None:
-        """Run server VAD over newly appended audio (it starts at `start_ms` of the session's input audio):
-        speech start barges in, speech stop commits the turn."""
+        """Have server VAD hear newly appended audio (it starts at `start_ms` of the session's input audio):
+        speech start barges in, speech stop commits the turn. The VAD runs off the event loop; its events are
+        handled in order as it hears them."""
         s, turns = self.session, self.turns
         config = s.config.turn_detection
         if config is None:
@@ -311,12 +312,20 @@ class AudioTurns:
             return
         settings = VadSettings.from_turn_detection(config)  # checked by session.update
         fmt = s.config.input_format
-        vad = turns.vad_for(settings, fmt.rate, round(start_ms))
-        for event in await turns.hear(vad, _decode_input(data, fmt)):
+        turns.listen(turns.vad_for(settings, fmt.rate, round(start_ms)), _decode_input(data, fmt), self._on_vad_event)
+
+    async def _on_vad_event(self, event: VadEvent) -> None:
+        config = self.session.config.turn_detection
+        if config is None:  # turned off since the audio was appended
+            return
+        settings = VadSettings.from_turn_detection(config)
+        try:
             if event.kind == "speech_started":
                 await self._speech_started(event.ms, settings)
             else:
                 await self._speech_stopped(event.ms, settings)
+        except APIError as error:  # e.g. the conversation is full: the client hears why, the VAD goes on
+            await self.session.send_error(error, None)
 
     async def _speech_started(self, audio_start_ms: int, settings: VadSettings) -> None:
         s, turns = self.session, self.turns
