@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamvox.agent.errors import StageError
-from streamvox.agent.vad import VAD_THREADS, SileroVad, VadEvent, VadSettings, hear
+from streamvox.agent.vad import SileroModel, SileroVad, VadEvent, VadSettings, hear
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +44,23 @@ class TurnState:
         return vad
 
     def listen(self, vad: SileroVad, samples: np.ndarray, on_event: Callable[[VadEvent], Awaitable[None]]) -> None:
-        """Have `vad` hear the next samples, off the event loop, and `on_event` handle what it hears, in order.
+        """Have `vad` hear the next samples in a task of the session's own, and `on_event` handle what it hears,
+        in order. The caller does not wait, and audio that arrives while the task is busy is heard in one go.
 
-        The caller does not wait: audio that arrives while the VAD runs is heard in one go after it, so a busy
-        server hops to the VAD thread less often instead of falling behind."""
+        The VAD runs on the event loop: about 0.1 ms of CPU per 20 ms of audio, and with 32 sessions talking the
+        loop's lag stays within a few ms of its lag without VAD (benchmarks/vad_bench.py). A hop to a worker
+        thread costs more than it saves on a busy machine: it put barge-in detection's p99 at 190 ms, against
+        26 ms on the loop, with two CPU-bound processes on two cores (benchmarks/barge_in_bench.py)."""
         self.unheard.append((self.epoch, vad, samples))
         if self.listening is None or self.listening.done():
             self.listening = asyncio.create_task(self._listen(on_event))
 
     async def _listen(self, on_event: Callable[[VadEvent], Awaitable[None]]) -> None:
-        loop = asyncio.get_running_loop()
+        if not SileroModel.loaded():  # once per process; not on the loop
+            await asyncio.to_thread(SileroModel.shared)
         while self.unheard:
             segments, self.unheard = self.unheard, []
-            for epoch, event in await loop.run_in_executor(VAD_THREADS, hear, segments):
+            for epoch, event in hear(segments):
                 if epoch != self.epoch:
                     continue  # heard in audio that was cleared since
                 try:

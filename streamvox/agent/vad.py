@@ -24,9 +24,7 @@ since the detector's origin (the start of the session's input audio).
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -39,9 +37,6 @@ WINDOW_MS = 32
 HYSTERESIS = 0.15
 ONSET_LEAD_MS = 32
 OFFSET_LAG_MS = 64
-
-# Where sessions' VAD work runs, off the event loop (onnxruntime releases the GIL while it runs).
-VAD_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vad")
 
 
 class VadConfigError(ValueError):
@@ -88,8 +83,7 @@ class VadEvent:
 
 
 class SileroModel:
-    """The Silero VAD network, loaded once per process and shared by every session (onnxruntime's `run` is
-    thread-safe and releases the GIL)."""
+    """The Silero VAD network, loaded once per process and shared by every session (each keeps its own state)."""
 
     _shared: SileroModel | None = None
     _lock = threading.Lock()
@@ -103,6 +97,10 @@ class SileroModel:
         path = metadata.distribution("silero-vad").locate_file(MODEL_FILE)
         self.session = onnxruntime.InferenceSession(str(path), sess_options=options,
                                                     providers=["CPUExecutionProvider"])
+
+    @classmethod
+    def loaded(cls) -> bool:
+        return cls._shared is not None
 
     @classmethod
     def shared(cls) -> SileroModel:
@@ -188,7 +186,7 @@ class SileroVad:
 def hear(segments: list[tuple[int, SileroVad, np.ndarray]]) -> list[tuple[int, VadEvent]]:
     """Run each (epoch, detector, samples) segment through its detector, in order; the events, each with the epoch
     of the audio it was heard in. A segment of a newer epoch than its detector's last (the input buffer was
-    cleared in between) starts with the speech forgotten. Runs in a VAD thread."""
+    cleared in between) starts with the speech forgotten."""
     events = []
     for epoch, vad, samples in segments:
         if epoch != vad.epoch:
