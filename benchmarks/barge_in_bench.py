@@ -1,13 +1,15 @@
 """Barge-in latency on `/v1/realtime`: the user starts talking over a reply that is streaming.
 
-Each round opens a session with server VAD, starts a long reply (`response.create` with long instructions: the
-echo responder speaks them, a thinker answers them) and, once its first audio delta is in, sends the user's
-interruption as a microphone does: 20 ms of PCM16 every 20 ms (some silence, then espeak speech). The latency is
-from sending the chunk where the speech begins (the first 10 ms frame above -45 dBFS) to receiving
+Each round opens a session with server VAD, starts a long reply (`response.create` with instructions: the echo
+responder speaks a long text, a thinker is asked for a long story) and, once its first audio delta is in, sends
+the user's interruption as a microphone does: 20 ms of PCM16 every 20 ms (some silence, then espeak speech). The
+latency is from sending the chunk where the speech begins (the first 10 ms frame above -45 dBFS) to receiving
 `input_audio_buffer.speech_started`. That includes the audio the VAD needs to hear speech (Silero decides per
 32 ms window, and a word's first sound may not be voiced yet): the same audio run through the VAD offline says
 which chunk completes the detection, and the rest of the latency (from sending that chunk: the server's work and
-both ways through the socket) is reported apart. Also reported: speech_started to the reply's `response.done`.
+both ways through the socket) is reported apart. Also reported: speech_started to `conversation.item.truncated`,
+the reply cut at what can have been played (a reply still generated is cancelled first), and how many replies
+had been generated to their end before the user spoke (they still play, and are cut all the same).
 
 `--load N` runs N CPU-bound processes (`while True: pass`) beside the server for the loaded figures. Starts its own
 `streamvox serve` (espeak) unless --url is given. Example:
@@ -36,7 +38,8 @@ from tests.helpers.server import start_server  # noqa: E402
 RATE = 24000
 CHUNK_MS = 20
 LEAD_SILENCE_S = 0.3
-REPLY = "This reply goes on for a long while, so that the user can talk over it at any moment. " * 60
+ECHO_REPLY = "This reply goes on for a long while, so that the user can talk over it at any moment. " * 60
+THINKER_REPLY = "Tell the user a long story."
 INTERRUPTION = "Wait, wait, please stop."
 
 
@@ -52,8 +55,9 @@ def onset_ms(clip: np.ndarray) -> int:
     return int(np.flatnonzero(np.sqrt(np.mean(frames ** 2, axis=1)) > 10 ** (-45 / 20))[0]) * 10
 
 
-async def one_round(ws_url: str, chunks: list[str], onset_chunk: int) -> tuple[float, float]:
-    """(speech onset sent -> speech_started received, speech_started -> response.done), in seconds."""
+async def one_round(ws_url: str, chunks: list[str], onset_chunk: int) -> tuple[float, float, bool]:
+    """(speech onset sent -> speech_started received, speech_started -> the reply cut, whether the reply had been
+    generated to its end before the user spoke), times in seconds."""
     async with websockets.connect(f"{ws_url}/v1/realtime", max_size=None) as ws:
         arrivals: dict[str, float] = {}
         first_audio = asyncio.Event()
@@ -63,19 +67,25 @@ async def one_round(ws_url: str, chunks: list[str], onset_chunk: int) -> tuple[f
                 event = json.loads(message)
                 kind, now = event["type"], time.perf_counter()
                 if kind == "error":
-                    raise RuntimeError(event)
-                if kind == "response.output_audio.delta":
+                    raise RuntimeError(f"the round went wrong: {event}")
+                if kind == "session.created":
+                    thinker = event["session"]["streamvox"]["responder"] == "thinker"
+                    await ws.send(json.dumps({"type": "response.create", "response": {
+                        "instructions": THINKER_REPLY if thinker else ECHO_REPLY}}))
+                elif kind == "response.output_audio.delta":
                     first_audio.set()
-                elif kind in ("input_audio_buffer.speech_started", "response.done"):
+                elif kind in ("input_audio_buffer.speech_started", "response.done", "conversation.item.truncated"):
                     arrivals.setdefault(kind, now)
-                    if kind == "response.done":
+                    if kind == "conversation.item.truncated":
                         return
 
         reader = asyncio.create_task(read())
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
             "turn_detection": {"type": "server_vad", "create_response": False}}}}}))
-        await ws.send(json.dumps({"type": "response.create", "response": {"instructions": REPLY}}))
-        await asyncio.wait_for(first_audio.wait(), 60)
+        await asyncio.wait([asyncio.ensure_future(first_audio.wait()), reader], timeout=60,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if reader.done():
+            reader.result()  # raises what went wrong
         start = time.perf_counter()
         onset_sent = None
         for index, chunk in enumerate(chunks):
@@ -86,8 +96,9 @@ async def one_round(ws_url: str, chunks: list[str], onset_chunk: int) -> tuple[f
             if reader.done():
                 break
         await asyncio.wait_for(reader, 60)
-        started, done = arrivals["input_audio_buffer.speech_started"], arrivals["response.done"]
-        return started - onset_sent, done - started
+        started = arrivals["input_audio_buffer.speech_started"]
+        generated_before = arrivals.get("response.done", started) < onset_sent
+        return started - onset_sent, arrivals["conversation.item.truncated"] - started, generated_before
 
 
 def detecting_chunk(audio: bytes, step: int) -> int:
@@ -106,12 +117,13 @@ def percentiles(values: list[float]) -> str:
 
 
 async def measure(ws_url: str, chunks: list[str], onset_chunk: int, rounds: int) -> dict:
-    detect, stop = [], []
+    detect, cut, generated = [], [], 0
     for _ in range(rounds):
-        latency, stopped = await one_round(ws_url, chunks, onset_chunk)
+        latency, cut_after, generated_before = await one_round(ws_url, chunks, onset_chunk)
         detect.append(latency)
-        stop.append(stopped)
-    return {"detect": detect, "stop": stop}
+        cut.append(cut_after)
+        generated += generated_before
+    return {"detect": detect, "cut": cut, "generated_before": generated}
 
 
 def main() -> None:
@@ -149,7 +161,9 @@ def main() -> None:
             print(f"load {load}:\n  speech onset sent -> speech_started received: {percentiles(result['detect'])}"
                   f"\n  of which after the detecting chunk was sent: "
                   f"{percentiles([t - heard_after_s for t in result['detect']])}"
-                  f"\n  speech_started -> response.done (cancelled): {percentiles(result['stop'])}", flush=True)
+                  f"\n  speech_started -> conversation.item.truncated: {percentiles(result['cut'])}"
+                  f"\n  replies generated to their end before the user spoke: {result['generated_before']} of "
+                  f"{args.rounds}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)
