@@ -4,13 +4,13 @@ Silero VAD gives the probability that a 32 ms window of audio is speech (512 sam
 other input rates are resampled to 16 kHz). Its ONNX model ships inside the `silero-vad` wheel and runs
 through onnxruntime (nothing is downloaded); one model serves every session, each session keeps its own
 recurrent state. onnxruntime was measured against the wheel's TorchScript model: about 0.12 ms of CPU per
-window against 0.4 ms, and no torch import in the server process.
+window against 0.35 ms, and no torch import in the server process (benchmarks/vad_bench.py --runtimes).
 
 The `turn_detection` fields keep upstream's meaning:
 - `threshold` (0..1, default 0.5): a window whose speech probability is at least this is speech, and speech
   starts with the first one; below `threshold - 0.15` a window is silence (in between, nothing changes:
-  hysteresis, as in Silero's own `VADIterator`). Stationary noise (white, pink, brown, at any level) stays
-  below 0.15.
+  hysteresis, as in Silero's own `VADIterator`). Stationary noise (white, pink, brown, up to 10 dB louder than
+  speech) stays below 0.15.
 - `speech_started.audio_start_ms` is where the speech began minus `prefix_padding_ms`: the start of the audio
   that becomes the user's turn.
 - speech stops after `silence_duration_ms` of silence; `speech_stopped.audio_end_ms` is where the speech ended
@@ -127,9 +127,6 @@ class SileroVad:
         self.window = 256 if self.rate == 8000 else 512
         self.context = 32 if self.rate == 8000 else 64
         self.resampler = Resampler(sample_rate, self.rate)
-        self.reset()
-
-    def reset(self) -> None:
         self.epoch = 0  # that of the audio heard last (see `hear`)
         self.pending = np.zeros(self.context, dtype=np.float32)  # context samples, then the next window's
         self.state = np.zeros((2, 1, 128), dtype=np.float32)
@@ -140,11 +137,6 @@ class SileroVad:
         """Hear what follows as if no speech had started (the input buffer was cleared)."""
         self.speaking = False
         self.silence_start: int | None = None  # the first window of the silence heard since the speech
-
-    @property
-    def position_ms(self) -> int:
-        """Where the audio run so far ends."""
-        return self.origin_ms + self.windows * WINDOW_MS
 
     def _window_ms(self, index: int) -> int:
         return self.origin_ms + index * WINDOW_MS
@@ -158,8 +150,8 @@ class SileroVad:
         silence_threshold = max(s.threshold - HYSTERESIS, 0.01)
         start = 0
         while start + self.context + self.window <= len(data):
-            p, self.state = model.probability(data[start:start + self.context + self.window], self.state,
-                                                   self.rate)
+            window = data[start:start + self.context + self.window]
+            p, self.state = model.probability(window, self.state, self.rate)
             index = self.windows
             self.windows += 1
             start += self.window

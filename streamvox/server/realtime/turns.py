@@ -8,8 +8,10 @@ has finished; `engine.end_input` marks the text done when the thinker finishes. 
 and closes the thinker's stream, which aborts its LLM request.
 
 Committed input audio becomes a user item whose transcript arrives in the background (a thinker response
-waits for the transcriptions in flight). Server VAD commits the turn when the user stops speaking and stops
-the running response when they start again.
+waits for the transcriptions in flight). Server VAD commits the turn when the user stops speaking (its response
+is created once the transcript is in, and not at all when it is empty), and when they start again interrupts
+the reply they are hearing: cancelled if still generated, cut at what can have been played if its audio is
+still playing.
 """
 
 from __future__ import annotations
