@@ -70,7 +70,8 @@ class VadSettings:
             elif key == "threshold":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                     raise VadConfigError(key, "must be a number from 0 to 1")
-            elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000_000:
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10_000_000 \
+                    or value != int(value):
                 raise VadConfigError(key, "must be a whole number of milliseconds from 0 to 10000000")
             values[key] = kind(value)
         return cls(**values)

@@ -162,6 +162,7 @@ def test_turn_detection_fields_are_checked():
     settings = VadSettings.from_turn_detection({"threshold": 0.7, "prefix_padding_ms": 100, "silence_duration_ms": 250,
                                                 "create_response": False, "interrupt_response": False})
     assert settings == VadSettings(0.7, 100, 250, False, False)
+    assert VadSettings.from_turn_detection({"silence_duration_ms": 400.0}).silence_duration_ms == 400
     for field, value in (("threshold", 1.5), ("threshold", "high"), ("prefix_padding_ms", -1),
                          ("silence_duration_ms", 2.5), ("create_response", 1), ("interrupt_response", "yes")):
         with pytest.raises(VadConfigError) as error:
