@@ -143,8 +143,12 @@ class RealtimeSession:
     # session and input audio
 
     async def session_update(self, event: dict) -> None:
+        """Valid fields apply; each invalid one gets an `error` naming it (and keeps its value)."""
         s = self.state
-        s.config = apply_session_update(s.config, event.get("session"), s.info)
+        s.config, errors = apply_session_update(s.config, event.get("session"), s.info)
+        client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        for error in errors:
+            await s.send_error(error, client_event_id)
         await s.send("session.updated", session=self.session_object())
 
     async def input_audio_append(self, event: dict) -> None:
@@ -164,8 +168,9 @@ class RealtimeSession:
         if len(s.input_audio) + len(data) > limit:
             raise APIError(400, f"The input audio buffer would exceed {MAX_INPUT_AUDIO_SECONDS // 60} minutes of "
                                 "audio; commit or clear it first.", param="audio", code="input_audio_buffer_full")
-        s.input_audio += data  # upstream sends no acknowledgement
-        await self.audio_turns.on_input_audio(data)
+        start_ms = s.input_audio_ms
+        s.append_input_audio(data)  # upstream sends no acknowledgement
+        await self.audio_turns.on_input_audio(data, start_ms)
 
     async def input_audio_commit(self, event: dict) -> None:
         await self.audio_turns.commit()

@@ -6,21 +6,25 @@ sent `OpenAI-Beta: realtime=v1`, GA otherwise. `session.update` accepts either
 session shape in both dialects (fields of the two shapes merge); what the
 server sends back is always in the connection's own dialect.
 
-Fields the server does not act on (tools, tracing, temperature, ...) are
-accepted and echoed where the upstream session object has them; unknown
-fields are ignored so that clients written for newer upstream versions keep
-working.
+`session.update` applies field by field: an invalid field (a voice the model
+lacks, a speed out of range, ...) gets an `error` event naming it and keeps its
+value, the valid fields apply, then `session.updated` follows. Fields the
+server does not act on (tools, tracing, temperature, ...) are accepted and
+echoed where the upstream session object has them; unknown fields are ignored
+so that clients written for newer upstream versions keep working.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
 
+from streamvox.agent.vad import VadConfigError, VadSettings
 from streamvox.audio.formats import to_pcm16
 from streamvox.audio.g711 import pcm16_to_alaw, pcm16_to_ulaw
 from streamvox.contract import ModelInfo
@@ -228,84 +232,146 @@ def _optional_dict(value: object, param: str) -> dict | None:
     return value
 
 
-def apply_session_update(config: SessionConfig, session: object, info: ModelInfo) -> SessionConfig:
-    """A new config with `session` (GA or beta shape) applied; raises `APIError`, changing nothing."""
+def parse_turn_detection(value: object, param: str) -> dict | None:
+    """`turn_detection`: null (off), or server VAD (`semantic_vad` runs as server VAD) with valid fields."""
+    if _optional_dict(value, param) is None:
+        return None
+    kind = value.get("type", "server_vad")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise APIError(400, f"'{param}.type' must be server_vad or semantic_vad; got {kind!r}.", param=f"{param}.type")
+    try:
+        VadSettings.from_turn_detection(value)
+    except VadConfigError as exc:
+        raise APIError(400, f"'{param}.{exc.field}' {exc}.", param=f"{param}.{exc.field}") from exc
+    return value
+
+
+class _Changes:
+    """The changes one `session.update` asks for, field by field: a bad field is recorded and left out."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+        self.errors: list[APIError] = []
+
+    def add(self, name: str, parse: Callable[..., object], *args: object) -> None:
+        """`values[name] = parse(*args)`, or the `APIError` it raised recorded."""
+        try:
+            self.values[name] = parse(*args)
+        except APIError as error:
+            self.errors.append(error)
+
+
+def _string(value: object, param: str, limit: int | None = None) -> str:
+    if not isinstance(value, str) or (limit is not None and len(value) > limit):
+        raise APIError(400, f"'{param}' must be a string" + (f" of at most {limit} characters." if limit else "."),
+                       param=param)
+    return value
+
+
+def _audio_part(audio: dict, key: str) -> dict:
+    part = audio.get(key) or {}
+    if not isinstance(part, dict):
+        raise APIError(400, f"'session.audio.{key}' must be an object.", param=f"session.audio.{key}")
+    return part
+
+
+def _temperature(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, "'session.temperature' must be a number.", param="session.temperature")
+    return float(value)
+
+
+def _token_limit(value: object, param: str) -> int | str:
+    if value != "inf" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise APIError(400, f"'{param}' must be a positive integer or 'inf'.", param=param)
+    return value
+
+
+def _list(value: object, param: str) -> list:
+    if not isinstance(value, list):
+        raise APIError(400, f"'{param}' must be a list.", param=param)
+    return value
+
+
+def apply_session_update(config: SessionConfig, session: object,
+                         info: ModelInfo) -> tuple[SessionConfig, list[APIError]]:
+    """`config` with `session` (GA or beta shape) applied field by field: (the new config, one error for each
+    invalid field, which keeps its value). A `session` that is not a realtime session object raises `APIError`."""
     if not isinstance(session, dict):
         raise APIError(400, "'session' must be an object.", param="session", code="missing_required_parameter")
-    changes: dict = {}
     kind = session.get("type")
     if kind is not None and kind != "realtime":
         raise APIError(400, f"Session type {kind!r} is not supported here; use 'realtime'.", param="session.type")
+    changes = _Changes()
     if (model := session.get("model")) is not None:
-        if not isinstance(model, str):
-            raise APIError(400, "'session.model' must be a string.", param="session.model")
-        changes["model"] = model
+        changes.add("model", _string, model, "session.model")
     if (instructions := session.get("instructions")) is not None:
-        if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS_CHARS:
-            raise APIError(400, f"'session.instructions' must be a string of at most {MAX_INSTRUCTIONS_CHARS} "
-                                "characters.", param="session.instructions")
-        changes["instructions"] = instructions
+        changes.add("instructions", _string, instructions, "session.instructions", MAX_INSTRUCTIONS_CHARS)
     for key in ("output_modalities", "modalities"):
         if (value := session.get(key)) is not None:
-            changes["audio_output"], changes["text_output"] = parse_modalities(value, f"session.{key}")
+            changes.add("modalities", parse_modalities, value, f"session.{key}")
 
     # beta: flat fields
     if (voice := session.get("voice")) is not None:
-        changes["voice"] = parse_voice(voice, info, "session.voice")
+        changes.add("voice", parse_voice, voice, info, "session.voice")
     if (speed := session.get("speed")) is not None:
-        changes["speed"] = parse_speed(speed, "session.speed")
+        changes.add("speed", parse_speed, speed, "session.speed")
     if (fmt := session.get("input_audio_format")) is not None:
-        changes["input_format"] = AudioFormat.parse(fmt, "session.input_audio_format")
+        changes.add("input_format", AudioFormat.parse, fmt, "session.input_audio_format")
     if (fmt := session.get("output_audio_format")) is not None:
-        changes["output_format"] = AudioFormat.parse(fmt, "session.output_audio_format")
-    for key, name in (("turn_detection", "turn_detection"), ("input_audio_transcription", "transcription"),
+        changes.add("output_format", AudioFormat.parse, fmt, "session.output_audio_format")
+    if "turn_detection" in session:
+        changes.add("turn_detection", parse_turn_detection, session["turn_detection"], "session.turn_detection")
+    for key, name in (("input_audio_transcription", "transcription"),
                       ("input_audio_noise_reduction", "noise_reduction")):
         if key in session:
-            changes[name] = _optional_dict(session[key], f"session.{key}")
+            changes.add(name, _optional_dict, session[key], f"session.{key}")
 
     # GA: nested audio config
     audio = session.get("audio")
-    if audio is not None:
-        if not isinstance(audio, dict):
-            raise APIError(400, "'session.audio' must be an object.", param="session.audio")
-        audio_in = audio.get("input") or {}
-        audio_out = audio.get("output") or {}
-        if not isinstance(audio_in, dict) or not isinstance(audio_out, dict):
-            raise APIError(400, "'session.audio.input' and 'session.audio.output' must be objects.",
-                           param="session.audio")
-        if (fmt := audio_in.get("format")) is not None:
-            changes["input_format"] = AudioFormat.parse(fmt, "session.audio.input.format")
-        for key in ("turn_detection", "transcription", "noise_reduction"):
-            if key in audio_in:
-                changes[key] = _optional_dict(audio_in[key], f"session.audio.input.{key}")
-        if (fmt := audio_out.get("format")) is not None:
-            changes["output_format"] = AudioFormat.parse(fmt, "session.audio.output.format")
-        if (voice := audio_out.get("voice")) is not None:
-            changes["voice"] = parse_voice(voice, info, "session.audio.output.voice")
-        if (speed := audio_out.get("speed")) is not None:
-            changes["speed"] = parse_speed(speed, "session.audio.output.speed")
+    if audio is not None and not isinstance(audio, dict):
+        changes.errors.append(APIError(400, "'session.audio' must be an object.", param="session.audio"))
+    elif audio is not None:
+        for direction in ("input", "output"):
+            param = f"session.audio.{direction}"
+            try:
+                part = _audio_part(audio, direction)
+            except APIError as error:
+                changes.errors.append(error)
+                continue
+            if (fmt := part.get("format")) is not None:
+                changes.add(f"{direction}_format", AudioFormat.parse, fmt, f"{param}.format")
+            if direction == "input":
+                if "turn_detection" in part:
+                    changes.add("turn_detection", parse_turn_detection, part["turn_detection"],
+                                f"{param}.turn_detection")
+                for key in ("transcription", "noise_reduction"):
+                    if key in part:
+                        changes.add(key, _optional_dict, part[key], f"{param}.{key}")
+            else:
+                if (voice := part.get("voice")) is not None:
+                    changes.add("voice", parse_voice, voice, info, f"{param}.voice")
+                if (speed := part.get("speed")) is not None:
+                    changes.add("speed", parse_speed, speed, f"{param}.speed")
 
     # accepted and echoed, not acted on
     if (tools := session.get("tools")) is not None:
-        if not isinstance(tools, list):
-            raise APIError(400, "'session.tools' must be a list.", param="session.tools")
-        changes["tools"] = tools
-    if "tool_choice" in session:
-        changes["tool_choice"] = session["tool_choice"]
-    if "tracing" in session:
-        changes["tracing"] = session["tracing"]
+        changes.add("tools", _list, tools, "session.tools")
+    for key in ("tool_choice", "tracing"):
+        if key in session:
+            changes.values[key] = session[key]
     if (temperature := session.get("temperature")) is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise APIError(400, "'session.temperature' must be a number.", param="session.temperature")
-        changes["temperature"] = float(temperature)
+        changes.add("temperature", _temperature, temperature)
     for key in ("max_output_tokens", "max_response_output_tokens"):
         if (limit := session.get(key)) is not None:
-            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise APIError(400, f"'session.{key}' must be a positive integer or 'inf'.", param=f"session.{key}")
-            changes["max_output_tokens"] = limit
+            changes.add("max_output_tokens", _token_limit, limit, f"session.{key}")
     if (options := session.get("streamvox")) is not None:
-        changes.update(parse_streamvox_options(options, info))
-    return replace(config, **changes)
+        changes.add("streamvox", parse_streamvox_options, options, info)
+    values = changes.values
+    values.update(values.pop("streamvox", {}))
+    if (modalities := values.pop("modalities", None)) is not None:
+        values["audio_output"], values["text_output"] = modalities
+    return replace(config, **values), changes.errors
 
 
 def parse_streamvox_options(value: object, info: ModelInfo) -> dict:

@@ -91,6 +91,15 @@ class Response:
     cancel_reason: str | None = None
     task: asyncio.Task | None = None
     done_sent: bool = False
+    audio_ms: int = 0  # audio sent so far
+    audio_started_at: float | None = None  # when its first audio was sent (monotonic)
+
+    def played_ms(self, now: float) -> int:
+        """The most of its audio the client can have played by `now`: it plays in real time from the first
+        delta on, and audio is made faster than that."""
+        if self.audio_started_at is None:
+            return 0
+        return min(self.audio_ms, int((now - self.audio_started_at) * 1000))
 
 
 class Thinking(Protocol):
@@ -123,9 +132,12 @@ async def send_audio(s: SessionState, r: Response, ids: dict, out: AudioOut,
         if data := fmt.encode(pcm):
             await s.send(name, **ids, delta=pybase64.b64encode_as_string(data))
             first = audio_bytes == 0
+            if first:
+                r.audio_started_at = time.monotonic()
             audio_bytes += len(data)
+            r.audio_ms = audio_bytes * 1000 // fmt.bytes_per_second
             if r.in_conversation:
-                s.conversation.audio_ms[r.item_id] = audio_bytes * 1000 // fmt.bytes_per_second
+                s.conversation.audio_ms[r.item_id] = r.audio_ms
             if first and on_first_audio is not None:
                 await on_first_audio()
         if s.sender.stalled:
@@ -152,6 +164,7 @@ class Responses:
         self.session = session
         self.thinking = thinking
         self.current: Response | None = None
+        self.latest: Response | None = None  # the newest response, running or not (its audio may still play)
         self.ended_at = time.monotonic()  # when the last response ended
 
     # starting and stopping
@@ -218,21 +231,27 @@ class Responses:
         """Start a response; the running one (if any) ends first."""
         response = self.parse(params)
         await self.stop("client_cancelled")  # barge-in
-        self.current = response
+        self.current = self.latest = response
         # announced before the next client event is read, so events answer the client's in the order it sent them
         await self.session.send("response.created", response=self.render(response, "in_progress", []))
         response.task = asyncio.create_task(self._respond(response))
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the running response's generation now; `stop` waits for its last events."""
+        response = self.current
+        if response is None or response.task is None or response.cancel_reason is not None:
+            return
+        response.cancel_reason = reason
+        self.session.engine.cancel(response.request_id)
+        if response.thinker is not None and response.thinker.task is not None:
+            response.thinker.task.cancel()  # a text-only thinker reply: stop its LLM request
 
     async def stop(self, reason: str, wait: bool = True) -> None:
         """End the running response (with `reason`); with `wait`, once its events are out."""
         response = self.current
         if response is None or response.task is None:
             return
-        if response.cancel_reason is None:
-            response.cancel_reason = reason
-            self.session.engine.cancel(response.request_id)
-            if response.thinker is not None and response.thinker.task is not None:
-                response.thinker.task.cancel()  # a text-only thinker reply: stop its LLM request
+        self.cancel(reason)
         if not wait:
             response.task.cancel()
             return

@@ -28,6 +28,30 @@ class SessionState:
         self.config: SessionConfig = default_config(self.info, websocket.query_params.get("model"))
         self.conversation = Conversation()
         self.input_audio = bytearray()  # appended since the last commit or clear
+        self.input_audio_ms = 0.0  # input audio appended in the session, in milliseconds
+        self.input_audio_start_ms = 0.0  # where `input_audio` starts, in the same count
+
+    def append_input_audio(self, data: bytes) -> None:
+        self.input_audio += data
+        self.input_audio_ms += len(data) * 1000 / self.config.input_format.bytes_per_second
+
+    def take_input_audio(self, start_ms: float | None = None, end_ms: float | None = None) -> bytes:
+        """The buffered input audio from `start_ms` to `end_ms` (session positions; None: the buffer's start,
+        its end). What follows `end_ms` stays buffered; what precedes `start_ms` is dropped."""
+        fmt = self.config.input_format
+        sample_bytes = 2 if fmt.encoding == "pcm16" else 1
+
+        def offset(ms: float | None, default: int) -> int:
+            if ms is None:
+                return default
+            at = int((ms - self.input_audio_start_ms) * fmt.bytes_per_second / 1000) // sample_bytes * sample_bytes
+            return min(max(at, 0), len(self.input_audio))
+
+        end = offset(end_ms, len(self.input_audio))
+        data = bytes(self.input_audio[offset(start_ms, 0):end])
+        del self.input_audio[:end]
+        self.input_audio_start_ms = self.input_audio_ms - len(self.input_audio) * 1000 / fmt.bytes_per_second
+        return data
 
     async def send(self, event_type: str, **fields) -> bool:
         return await self.sender.json({"type": event_type, "event_id": new_id("event"), **fields})

@@ -8,8 +8,10 @@ has finished; `engine.end_input` marks the text done when the thinker finishes. 
 and closes the thinker's stream, which aborts its LLM request.
 
 Committed input audio becomes a user item whose transcript arrives in the background (a thinker response
-waits for the transcriptions in flight). Server VAD commits the turn when the user stops speaking and stops
-the running response when they start again.
+waits for the transcriptions in flight). Server VAD commits the turn when the user stops speaking (its response
+is created once the transcript is in, and not at all when it is empty), and when they start again interrupts
+the reply they are hearing: cancelled if still generated, cut at what can have been played if its audio is
+still playing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from streamvox.agent.asr import Transcriber
 from streamvox.agent.errors import StageError
 from streamvox.agent.responder import Responder
 from streamvox.agent.turn_state import ThinkerReply, TurnState
-from streamvox.agent.vad import VadSettings
+from streamvox.agent.vad import VadEvent, VadSettings
 from streamvox.audio.g711 import alaw_to_pcm16, ulaw_to_pcm16
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import new_request_id
@@ -44,13 +46,22 @@ from streamvox.server.realtime.responses import (
     usage,
 )
 from streamvox.server.realtime.session import SessionState
-from streamvox.server.realtime.spoken_words import WordDeltas
+from streamvox.server.realtime.spoken_words import WordDeltas, heard_transcript
 
 log = logging.getLogger(__name__)
 
 
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 1)
+
+
+def nothing_to_answer() -> Outcome:
+    """A response.create with no instructions and no words in the conversation (e.g. only an audio turn whose
+    transcript is empty): the thinker is not asked, and the client learns why."""
+    return Outcome("failed", {"type": "failed", "error": {
+        "type": "invalid_request_error", "code": "no_input",
+        "message": "There is nothing to answer: the conversation holds no text (an audio turn's transcript may be "
+                   "empty) and there are no instructions."}}, usage(), "")
 
 
 def chat_history(items: list[dict]) -> list[dict]:
@@ -162,6 +173,8 @@ class ThinkerReplies:
         """A thinker response with audio."""
         s = self.session
         t0, messages, n_in = await self._start(r)
+        if not messages:
+            return nothing_to_answer()
         timings = r.thinker.report["timings_ms"]
         stats = SpeechStats(s.metrics, "realtime")
         spoken: list[str] = []
@@ -198,6 +211,8 @@ class ThinkerReplies:
     async def write(self, r: Response, ids: dict) -> Outcome:
         """A thinker response with text only."""
         t0, messages, n_in = await self._start(r)
+        if not messages:
+            return nothing_to_answer()
         spoken: list[str] = []
         status = "cancelled"
         if r.cancel_reason is None:
@@ -238,8 +253,8 @@ class AudioTurns:
         self.responses = responses
         self.transcriber = transcriber
 
-    async def commit(self, item_id: str | None = None) -> None:
-        """Make the input buffer a user audio item and transcribe it in the background."""
+    async def commit(self) -> None:
+        """`input_audio_buffer.commit`: the whole buffer becomes a user audio item, transcribed in the background."""
         s = self.session
         if not s.input_audio:
             raise APIError(400, "The input audio buffer is empty; append audio before committing.",
@@ -250,19 +265,23 @@ class AudioTurns:
                 400, f"This server has no speech recogniser or thinker configured, so the {seconds:.2f} s of committed "
                 "audio cannot become a user turn. Send text with conversation.item.create instead. The buffer is "
                 "unchanged; input_audio_buffer.clear empties it.", code="input_audio_not_supported")
-        data, s.input_audio = bytes(s.input_audio), bytearray()
-        self.turns.reset_vad()
-        item_id = item_id or new_id("item")
+        await self._commit(s.take_input_audio(), new_id("item"))
+
+    async def _commit(self, data: bytes, item_id: str) -> tuple[dict, asyncio.Task]:
+        """`data` becomes the user audio item `item_id`; (the item, its transcription)."""
+        s = self.session
         item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
                 "content": [{"type": "input_audio", "transcript": None}]}
         previous = s.conversation.insert(item)
         await s.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         await s.announce_item(item, previous)
-        self.turns.track(item_id, asyncio.create_task(self._transcribe(item, data, s.config.input_format)))
+        transcription = asyncio.create_task(self._transcribe(item, data, s.config.input_format))
+        self.turns.track(item_id, transcription)
+        return item, transcription
 
     async def clear(self) -> None:
-        self.session.input_audio = bytearray()
-        self.turns.reset_vad()
+        self.session.take_input_audio()
+        self.turns.forget_speech()
         await self.session.send("input_audio_buffer.cleared")
 
     async def _transcribe(self, item: dict, data: bytes, fmt: AudioFormat) -> None:
@@ -293,33 +312,95 @@ class AudioTurns:
         await s.send("conversation.item.input_audio_transcription.completed", **ids, transcript=transcript,
                      usage={"type": "duration", "seconds": round(seconds, 3)})
 
-    async def on_input_audio(self, data: bytes) -> None:
-        """Run server VAD over newly appended audio: speech start barges in, speech stop commits the turn."""
+    async def on_input_audio(self, data: bytes, start_ms: float) -> None:
+        """Have server VAD hear newly appended audio (it starts at `start_ms` of the session's input audio):
+        speech start barges in, speech stop commits the turn. The VAD runs off the event loop; its events are
+        handled in order as it hears them."""
         s, turns = self.session, self.turns
         config = s.config.turn_detection
-        if not (isinstance(config, dict) and config.get("type") in ("server_vad", "semantic_vad")):
+        if config is None:
             turns.vad = None
             return
-        if s.config.input_format.encoding != "pcm16":
+        settings = VadSettings.from_turn_detection(config)  # checked by session.update
+        fmt = s.config.input_format
+        turns.listen(turns.vad_for(settings, fmt.rate, round(start_ms)), _decode_input(data, fmt), self._on_vad_event)
+
+    async def _on_vad_event(self, event: VadEvent) -> None:
+        config = self.session.config.turn_detection
+        if config is None:  # turned off since the audio was appended
+            return
+        settings = VadSettings.from_turn_detection(config)
+        try:
+            if event.kind == "speech_started":
+                await self._speech_started(event.ms, settings)
+            else:
+                await self._speech_stopped(event.ms, settings)
+        except APIError as error:  # e.g. the conversation is full: the client hears why, the VAD goes on
+            await self.session.send_error(error, None)
+
+    async def _speech_started(self, audio_start_ms: int, settings: VadSettings) -> None:
+        s, turns = self.session, self.turns
+        turns.speech_item_id, turns.speech_start_ms = new_id("item"), audio_start_ms
+        heard_at = time.monotonic()
+        if settings.interrupt_response:  # barge-in: stop generating before anything else
+            turns.drop_pending_reply()
+            self.responses.cancel("turn_detected")
+        await s.send("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms,
+                     item_id=turns.speech_item_id)
+        if settings.interrupt_response:
+            await self._interrupt(heard_at)
+
+    async def _interrupt(self, heard_at: float) -> None:
+        """The user spoke over the newest response: it stops if it is still running (the thinker and the talker
+        stop), and its reply is cut at what the user can have heard by `heard_at`. Audio is made faster than
+        real time, so a reply whose generation ended long ago may still be playing: it is cut too, as upstream's
+        server does with the output audio buffer it plays (docs/realtime.md). A reply played to its end is left
+        alone."""
+        s, response = self.session, self.responses.latest
+        if response is None:
+            return
+        played_ms = response.played_ms(heard_at)
+        running = self.responses.current is response
+        if running:
+            await self.responses.stop("turn_detected")
+        if not response.in_conversation or not response.audio or (not running and played_ms >= response.audio_ms):
+            return
+        index = s.conversation.index(response.item_id)
+        content = s.conversation.items[index].get("content") if index is not None else None
+        if not content:  # the client deleted the item, or the response ended before its content
+            return
+        # Upstream keeps no text the user has not heard (a thinker's text runs ahead of its audio); a reply spoken
+        # with word timings keeps the words heard. The audio length the client may truncate to stays: its own
+        # conversation.item.truncate (it knows what it played) still applies.
+        content[0]["transcript"] = heard_transcript(s.conversation, response.item_id, content[0].get("transcript")
+                                                    or "", played_ms, response.audio_ms)
+        await s.send("conversation.item.truncated", item_id=response.item_id, content_index=0,
+                     audio_end_ms=played_ms)
+
+    async def _speech_stopped(self, audio_end_ms: int, settings: VadSettings) -> None:
+        s, turns = self.session, self.turns
+        item_id, start_ms = turns.speech_item_id or new_id("item"), turns.speech_start_ms
+        turns.speech_item_id = turns.speech_start_ms = None
+        await s.send("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
+        if self.transcriber is None:
+            return  # nothing can make the audio a turn; the buffer waits for commit or clear
+        data = s.take_input_audio(start_ms, audio_end_ms)
+        if not data:  # the client committed or cleared the speech already
+            return
+        item, transcription = await self._commit(data, item_id)
+        if settings.create_response:
+            turns.drop_pending_reply()
+            turns.pending_reply = asyncio.create_task(self._reply_when_heard(item, transcription))
+
+    async def _reply_when_heard(self, item: dict, transcription: asyncio.Task) -> None:
+        """A VAD turn's response, created once its transcript is in; none when the transcript is empty (noise
+        the VAD took for speech) or the transcription failed."""
+        await asyncio.wait([transcription])
+        self.turns.pending_reply = None  # from here on, speech barges in on the response instead
+        if not item["content"][0].get("transcript"):
+            log.info("no response to item %s: its transcript is empty", item["id"])
             return
         try:
-            settings = VadSettings.from_turn_detection(config)
-        except ValueError as exc:
-            raise APIError(400, f"turn_detection: {exc}.", param="session.audio.input.turn_detection") from exc
-        for event in turns.vad_for(settings, s.config.input_format.rate).process(data):
-            if event.kind == "speech_started":
-                turns.speech_item_id = new_id("item")
-                await s.send("input_audio_buffer.speech_started", audio_start_ms=event.ms,
-                             item_id=turns.speech_item_id)
-                if settings.interrupt_response and self.responses.current is not None:
-                    await self.responses.stop("turn_detected")  # barge-in: the thinker and the talker stop
-            else:
-                item_id = turns.speech_item_id or new_id("item")
-                turns.speech_item_id = None
-                await s.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms, item_id=item_id)
-                if self.transcriber is None:
-                    continue  # nothing can make the audio a turn; the buffer waits for commit or clear
-                await self.commit(item_id)
-                if settings.create_response:
-                    await self.responses.create(None)
-                return  # the rest of this append was committed with the turn
+            await self.responses.create(None)
+        except APIError as error:
+            await self.session.send_error(error, None)

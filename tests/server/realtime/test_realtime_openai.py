@@ -237,13 +237,58 @@ def test_session_created_shapes_and_responder(espeak_server):
             "type": "realtime", "audio": {"output": {"voice": "nova", "format": {"type": "audio/pcma"}}}}})
         updated = (await beta.expect("session.updated"))["session"]
         assert updated["voice"] == "nova" and updated["output_audio_format"] == "g711_alaw"
-        # a bad update changes nothing
+        # a bad field keeps its value; the update's other fields apply
         await ga.send({"type": "session.update", "event_id": "evt_bad",
-                       "session": {"voice": "nova", "audio": {"output": {"speed": 9}}}})
+                       "session": {"voice": "alloy", "audio": {"output": {"speed": 9}}}})
         error = await ga.expect("error")
         assert error["error"]["param"] == "session.audio.output.speed" and error["error"]["event_id"] == "evt_bad"
+        updated = (await ga.expect("session.updated"))["session"]
+        assert updated["audio"]["output"]["voice"] == "alloy" and updated["audio"]["output"]["speed"] == 1.0
         await ga.close()
         await beta.close()
+
+    asyncio.run(run())
+
+
+def test_session_update_applies_its_valid_fields_and_names_each_invalid_one(espeak_server):
+    """A voice the model lacks (or any other bad field) gets an error naming that field and keeps its value;
+    the update's valid fields still apply, then session.updated follows."""
+    async def run():
+        for beta in (False, True):
+            client = await RealtimeClient.connect(espeak_server, beta=beta)
+            await client.send({"type": "session.update", "event_id": "evt_mixed", "session": {
+                "voice": "nobody", "speed": 1.5, "instructions": "Be brief.", "output_modalities": ["text"],
+                "temperature": "hot",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
+                                    "turn_detection": {"type": "server_vad", "threshold": 2}},
+                          "output": {"voice": {"id": "voice_missing"}, "format": {"type": "audio/pcmu"}}}}})
+            errors = [await client.expect("error") for _ in range(4)]
+            assert sorted(e["error"]["param"] for e in errors) == [
+                "session.audio.input.turn_detection.threshold", "session.audio.output.voice", "session.temperature",
+                "session.voice"]
+            assert all(e["error"]["event_id"] == "evt_mixed" and e["error"]["type"] == "invalid_request_error"
+                       for e in errors)
+            assert any("nobody" in e["error"]["message"] for e in errors)
+            session = (await client.expect("session.updated"))["session"]
+            if beta:
+                assert session["voice"] == "alloy" and session["speed"] == 1.5 and session["modalities"] == ["text"]
+                assert session["input_audio_format"] == "pcm16" and session["output_audio_format"] == "g711_ulaw"
+                assert session["turn_detection"] is None and session["temperature"] == 0.8
+            else:
+                output = session["audio"]["output"]
+                assert output["voice"] == "alloy" and output["speed"] == 1.5
+                assert output["format"] == {"type": "audio/pcmu"}
+                assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16000}
+                assert session["audio"]["input"]["turn_detection"] is None
+                assert session["output_modalities"] == ["text"]
+            assert session["instructions"] == "Be brief."
+            # a session that is not a realtime session object is refused whole
+            await client.send({"type": "session.update", "session": {"type": "transcription", "voice": "nova"}})
+            assert (await client.expect("error"))["error"]["param"] == "session.type"
+            await client.send({"type": "session.update", "session": {"voice": "nova"}})
+            session = (await client.expect("session.updated"))["session"]
+            assert (session["voice"] if beta else session["audio"]["output"]["voice"]) == "nova"
+            await client.close()
 
     asyncio.run(run())
 
@@ -388,6 +433,7 @@ def test_bad_input_gets_error_events_and_spares_other_sessions(espeak_server):
             "type": "message", "role": "robot", "content": []}})))["param"] == "item.role"
         assert (await error_for(json.dumps({"type": "session.update", "session": {"voice": "nobody"}})))[
             "param"] == "session.voice"
+        await client.expect("session.updated")  # the update's other (no) fields applied
         assert (await error_for(json.dumps({"type": "response.create", "response": {"voice": "nobody"}})))[
             "param"] == "response.voice"
         events = await client.say(TEXT)  # the session survived all of it
