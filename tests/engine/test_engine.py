@@ -6,7 +6,6 @@ import asyncio
 from contextlib import aclosing
 
 import numpy as np
-import pytest
 
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
@@ -26,19 +25,6 @@ async def _collect(events) -> tuple[np.ndarray, object, float | None]:
             else:
                 last = event
     return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), last, first_at
-
-
-@pytest.fixture
-def engine_run():
-    async def run(body):
-        engine = AsyncEngine("espeak", restart_on_crash=False)
-        await engine.start()
-        try:
-            return await body(engine)
-        finally:
-            await engine.shutdown()
-
-    return lambda body: asyncio.run(run(body))
 
 
 def test_streaming_text_equals_whole_text_and_speaks_before_input_ends(engine_run):

@@ -6,8 +6,6 @@ import asyncio
 import re
 from contextlib import aclosing
 
-import pytest
-
 from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import AudioChunk, Done, EngineError, Words
@@ -32,19 +30,6 @@ def _check_order(events: list, rate: int) -> WordTimings:
             parts.append(event.timings)
     assert isinstance(events[-1], Done) and events[-1].reason == "stop"
     return WordTimings.join(parts)
-
-
-@pytest.fixture
-def engine_run():
-    async def run(body):
-        engine = AsyncEngine("espeak", restart_on_crash=False)
-        await engine.start()
-        try:
-            return await body(engine)
-        finally:
-            await engine.shutdown()
-
-    return lambda body: asyncio.run(run(body))
 
 
 def test_timings_follow_their_audio_at_any_output_rate_and_only_when_asked(engine_run):
