@@ -29,6 +29,17 @@ def accepted_subprotocol(websocket: WebSocket, preferred: str | None = None) -> 
     return (plain or offered or [None])[0]
 
 
+async def accept_when_ready(websocket: WebSocket, preferred_subprotocol: str | None = None) -> bool:
+    """Accept the handshake (echoing a subprotocol) once the engine serves; else close it with 1013, try again
+    later, and return False. Auth and origin were checked by the middleware before this runs."""
+    engine = websocket.app.state.streamvox.engine
+    if engine.info is None or not engine.is_ready:
+        await websocket.close(1013, "the speech engine is not ready")
+        return False
+    await websocket.accept(subprotocol=accepted_subprotocol(websocket, preferred_subprotocol))
+    return True
+
+
 def text_size(text: str) -> int:
     """UTF-8 size of a frame; cheap for the (usual) ASCII case."""
     return len(text) if text.isascii() else len(text.encode())

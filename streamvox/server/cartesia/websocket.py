@@ -37,7 +37,7 @@ from streamvox.server.cartesia.params import (
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.middleware import engine_request_id
-from streamvox.server.websocket import Sender, accepted_subprotocol, text_size
+from streamvox.server.websocket import Sender, accept_when_ready, text_size
 
 log = logging.getLogger(__name__)
 
@@ -275,10 +275,8 @@ def _decode(message: dict) -> dict:
 
 async def cartesia_websocket(websocket: WebSocket) -> None:
     """`WS /tts/websocket`; the API key (and origin) were checked by the middleware before this runs."""
-    state = websocket.app.state.streamvox
-    if state.engine.info is None or not state.engine.is_ready:
-        await websocket.close(1013, "the speech engine is not ready")
+    if not await accept_when_ready(websocket):
         return
-    await websocket.accept(subprotocol=accepted_subprotocol(websocket))
+    state = websocket.app.state.streamvox
     session = CartesiaSession(websocket, state.engine, state.metrics)
     await session.sender.serve(session.run())

@@ -44,7 +44,7 @@ from streamvox.server.realtime.responses import Responses
 from streamvox.server.realtime.session import SessionState
 from streamvox.server.realtime.spoken_words import heard_transcript
 from streamvox.server.realtime.turns import AudioTurns, ThinkerReplies
-from streamvox.server.websocket import OFFLOAD_BYTES, accepted_subprotocol, decode_json_event
+from streamvox.server.websocket import OFFLOAD_BYTES, accept_when_ready, decode_json_event
 
 log = logging.getLogger(__name__)
 
@@ -242,11 +242,9 @@ class RealtimeSession:
 
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """`WS /v1/realtime`; auth is the API-key middleware's job, before this runs."""
-    app = websocket.app.state.streamvox
-    if app.engine.info is None or not app.engine.is_ready:
-        await websocket.close(1013, "the speech engine is not ready")
+    if not await accept_when_ready(websocket, "realtime"):
         return
-    await websocket.accept(subprotocol=accepted_subprotocol(websocket, "realtime"))
+    app = websocket.app.state.streamvox
     dialect = Dialect.BETA if _beta_requested(websocket) else Dialect.GA
     session = RealtimeSession(websocket, app.engine, app.metrics, dialect, app.responder,
                               app.settings.env.realtime_idle_timeout_s)

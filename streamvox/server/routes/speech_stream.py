@@ -51,7 +51,7 @@ from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.speech_params import SETTINGS_FIELDS, check_model, parse_speech_settings, reject_unknown
-from streamvox.server.websocket import Sender, accepted_subprotocol, decode_json_event
+from streamvox.server.websocket import Sender, accept_when_ready, decode_json_event
 from streamvox.server.word_timestamps import UtteranceTimings
 from streamvox.settings import MediaPolicy, ServerSettings
 from streamvox.text_split import TextSplitter
@@ -356,10 +356,8 @@ class SpeechStreamSession:
 
 async def speech_stream_endpoint(websocket: WebSocket) -> None:
     """`WS /v1/audio/speech/stream`; auth is the API-key middleware's job, before this runs."""
-    state = websocket.app.state.streamvox
-    if state.engine.info is None or not state.engine.is_ready:
-        await websocket.close(1013, "the speech engine is not ready")
+    if not await accept_when_ready(websocket):
         return
-    await websocket.accept(subprotocol=accepted_subprotocol(websocket))
+    state = websocket.app.state.streamvox
     session = SpeechStreamSession(websocket, state.engine, state.metrics, state.settings)
     await session.sender.serve(session.run())
