@@ -17,6 +17,13 @@ load: on a shared machine it competes with the server, so a run with much of it 
 The highest sustained rate is the highest rate with every request answered, 0 underruns and
 p95 audible TTFA <= 200 ms. Starts its own `streamvox serve --model MODEL` unless --url is given. Example:
   python benchmarks/open_loop_bench.py --rates 1 2 4 6 8 10 --duration 30 --warmup 5
+
+A random-weight checkpoint (make_real_shape_checkpoint.py) never chooses end-of-speech reliably:
+--frames-per-word F gives each request `max_new_tokens` = F x its words, and the server it starts runs with
+STREAMVOX_QWEN3_IGNORE_EOS=1, so every reply is as long as speech of its text would be (5 frames of the 12.5 Hz
+codec a word is 0.4 s, about 150 words a minute). Example on a GPU:
+  python benchmarks/open_loop_bench.py --model /tmp/q17 --frames-per-word 5 --server-args "--max-batch 64" \
+      --startup-timeout 600 --rates 1 5 10 20 30 40 60 --duration 60 --warmup 10
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import os
 import platform
 import random
 import shlex
+import subprocess
 import sys
 import time
 from collections import Counter, deque
@@ -114,6 +122,11 @@ def highest_sustained(rows: Iterable[dict], ttfa_limit_ms: float = TTFA_LIMIT_MS
     passing = [r["rate"] for r in rows if r["failed"] == 0 and r["ok"] > 0 and r["underruns"] == 0
                and r["ttfa_ms_p95"] is not None and r["ttfa_ms_p95"] <= ttfa_limit_ms]
     return max(passing, default=None)
+
+
+def length_cap(text: str, frames_per_word: float) -> int:
+    """`max_new_tokens` for `text` at `frames_per_word` codec frames a word (at least one frame)."""
+    return max(1, round(len(text.split()) * frames_per_word))
 
 
 def load_corpus(path: str) -> list[str]:
@@ -239,7 +252,9 @@ async def run_rate(rate: float, texts: Sequence[str], base: dict, args, sample_r
     tasks = []
     for i, offset in enumerate(arrivals):
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        body = json.dumps({**base, "input": texts[order[i % len(order)]]}).encode()
+        text = texts[order[i % len(order)]]
+        cap = {"max_new_tokens": length_cap(text, args.frames_per_word)} if args.frames_per_word else {}
+        body = json.dumps({**base, "input": text, **cap}).encode()
         tasks.append((offset, asyncio.create_task(one_request(pool, body, t0 + offset, sample_rate, args))))
     results = [await task for offset, task in tasks if offset >= args.warmup]
     await asyncio.gather(*(task for _, task in tasks))
@@ -298,8 +313,14 @@ def hardware() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"platform": platform.platform(), "cpu_model": cpu, "cpu_cores": os.cpu_count(),
-            "python": platform.python_version()}
+    found = {"platform": platform.platform(), "cpu_model": cpu, "cpu_cores": os.cpu_count(),
+             "python": platform.python_version()}
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        found["gpu"] = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return found
 
 
 def _ms(value: float | None) -> str:
@@ -337,10 +358,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", default=CORPUS)
     parser.add_argument("--out", default=None, help="JSON results file (e.g. benchmarks/results/x.json)")
+    parser.add_argument("--frames-per-word", type=float, default=None,
+                        help="cap each reply at this many codec frames a word, end-of-speech ignored (random weights)")
+    parser.add_argument("--server-args", default="", help="more arguments for the server this starts, one string")
+    parser.add_argument("--startup-timeout", type=float, default=120, help="seconds for the server to start")
     args = parser.parse_args()
     texts = load_corpus(args.corpus)
     corpus = corpus_lengths(texts)
-    server = None if args.url else start_server("--model", args.model)
+    env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1"} if args.frames_per_word else {}
+    server = None if args.url else start_server("--model", args.model, *shlex.split(args.server_args), env=env,
+                                                timeout=args.startup_timeout)
     args.url = args.url or server.url
     args.server_pid = server.process.pid if server else None
     command = shlex.join([sys.executable, *sys.argv])
@@ -362,7 +389,7 @@ def main() -> None:
     print_report(corpus, rows, best)
     if args.out:
         settings = {k: getattr(args, k) for k in ("rates", "duration", "warmup", "jitter_buffer_ms", "timeout",
-                                                  "seed", "voice")}
+                                                  "seed", "voice", "frames_per_word", "server_args")}
         with open(args.out, "w") as f:
             json.dump({"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                        "hardware": hardware(), "model": model["id"], "sample_rate": sample_rate,

@@ -13,6 +13,7 @@ from benchmarks.open_loop_bench import (
     PlaybackClock,
     corpus_lengths,
     highest_sustained,
+    length_cap,
     load_corpus,
     percentile,
     poisson_arrivals,
@@ -110,3 +111,9 @@ def test_the_committed_corpus_runs_from_short_replies_to_paragraphs() -> None:
     assert lengths["words_min"] <= 5 and 60 <= lengths["words_max"] <= 100
     assert sum(lengths["buckets"].values()) == len(texts) and lengths["buckets"][">100"] == 0
     assert lengths["buckets"]["1-5"] >= 10 and lengths["buckets"]["61-100"] >= 10
+
+
+def test_length_cap_is_frames_per_word_times_the_words_and_at_least_one() -> None:
+    assert length_cap("Hello there, how are you today?", 5) == 30
+    assert length_cap("one", 2.4) == 2
+    assert length_cap("   ", 5) == 1

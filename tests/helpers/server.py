@@ -66,8 +66,10 @@ class Server:
                 self.process.wait()
 
 
-def start_server(*args: str, api_key: str | None = None, env: dict | None = None, stderr=None) -> Server:
-    """`stderr`: a file to send the server's stderr to (default: inherited)."""
+def start_server(*args: str, api_key: str | None = None, env: dict | None = None, stderr=None,
+                 timeout: float = 120.0) -> Server:
+    """`stderr`: a file to send the server's stderr to (default: inherited); `timeout`: seconds to wait for
+    /health (a GPU model's start-up compiles and captures CUDA graphs)."""
     port = free_port()
     command = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
     if api_key:
@@ -75,7 +77,7 @@ def start_server(*args: str, api_key: str | None = None, env: dict | None = None
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr)
     server = Server(process, port, api_key)
     try:
-        server.wait_healthy()
+        server.wait_healthy(timeout)
     except Exception:
         server.stop()
         raise

@@ -153,7 +153,7 @@ def build_all(builds: list[tuple[str, dict[str, str] | None, str]]) -> None:
 
 def install(which: str, ext) -> None:
     """Make the next `which` kernel (`talker` or `predictor`) built by a frame stepper use `ext`."""
-    importlib.import_module(f"streamvox.models.qwen3_tts.kernels.{which}").build = lambda source: ext
+    importlib.import_module(f"streamvox.models.qwen3_tts.kernels.{which}").build = lambda source, defines=(): ext
 
 
 def main() -> None:

@@ -56,6 +56,21 @@ def test_talker_kernel_only_for_the_shapes_it_is_built_for(tmp_path) -> None:
                      use_kernels=True, settings=Qwen3Settings(talker_kernel="1"))
 
 
+@pytest.mark.parametrize(("hidden", "intermediate", "why"), [
+    (2048, 6144, "not on CUDA"),  # the released 1.7B talker: only the device is missing
+    (1024, 3072, "not on CUDA"),  # the 0.6B
+    (1024, 6144, "talker hidden_size 1024 with intermediate_size 6144"),
+    (1536, 4608, "talker hidden_size 1536 with intermediate_size 4608"),
+])
+def test_talker_kernel_is_built_for_both_released_sizes(tmp_path, hidden, intermediate, why) -> None:
+    model = Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice"),
+                                          dtype=torch.bfloat16)
+    tc = model.cfg.talker
+    for name, value in dict(talker_kernel.SHAPE, hidden_size=hidden, intermediate_size=intermediate).items():
+        setattr(tc, name, value)  # the released sizes in the config only: no weights of that size are needed
+    assert talker_kernel.unsupported(model, 64).startswith(why)
+
+
 def test_next_inputs_are_the_projected_embeddings() -> None:
     """The kernel reads each pass's input from the code embeddings projected once at build time: they must be
     what the projection gives (rounded once to bfloat16), and the tables themselves for an identity."""
@@ -71,10 +86,11 @@ def test_next_inputs_are_the_projected_embeddings() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel needs a GPU")
+@pytest.mark.parametrize("size", ["1.7b", "0.6b"])
 @pytest.mark.parametrize("which", ["predictor", "talker"])
-def test_kernel_matches_per_layer_kernels_on_gpu(tmp_path, which) -> None:  # pragma: no cover - GPU only
+def test_kernel_matches_per_layer_kernels_on_gpu(tmp_path, which, size) -> None:  # pragma: no cover - GPU only
     out = tmp_path / "q"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_real_shape_checkpoint.py"), "--size", "1.7b",
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_real_shape_checkpoint.py"), "--size", size,
                     "--out", str(out)], check=True)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_bench import one_launch_kernel

@@ -17,21 +17,23 @@ HERE = Path(__file__).parent
 K = TypeVar("K")
 
 
-def compile_extension(prefix: str, source: Path):
+def compile_extension(prefix: str, source: Path, defines: tuple[tuple[str, int], ...] = ()):
     """The extension built from `source` (beside it: `persistent.cuh`) with the CUDA compiler through
-    `torch.utils.cpp_extension` (15-20 s, then cached). Its name is `prefix` and a digest of the source and the
-    shared header, so an edited header is rebuilt too."""
+    `torch.utils.cpp_extension` (15-20 s, then cached), each of `defines` a `-DNAME=VALUE`. Its name is `prefix`
+    and a digest of the source, the shared header and the defines, so an edited header is rebuilt too."""
     from torch.utils.cpp_extension import load
 
-    text = source.read_bytes() + (source.parent / "persistent.cuh").read_bytes()
+    flags = [f"-D{name}={value}" for name, value in defines]
+    text = source.read_bytes() + (source.parent / "persistent.cuh").read_bytes() + " ".join(flags).encode()
     return load(name=f"{prefix}_{hashlib.sha256(text).hexdigest()[:12]}", sources=[str(source)],
-                extra_include_paths=[str(source.parent)], extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+                extra_include_paths=[str(source.parent)], extra_cuda_cflags=["-O3", "-std=c++17", *flags],
+                verbose=False)
 
 
 @functools.cache
-def build(source: str):
-    """The extension of `source`, a kernel beside this file (compile_extension)."""
-    return compile_extension(f"streamvox_{Path(source).stem}", HERE / source)
+def build(source: str, defines: tuple[tuple[str, int], ...] = ()):
+    """The extension of `source`, a kernel beside this file, compiled with `defines` (compile_extension)."""
+    return compile_extension(f"streamvox_{Path(source).stem}", HERE / source, defines)
 
 
 def kernel_grid(multiprocessors: int, decoder_sms: str = "0") -> int:

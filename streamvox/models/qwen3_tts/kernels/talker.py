@@ -12,7 +12,8 @@ On an H200 (1.7B shapes) the kernel alone takes 1.28 ms (a CUDA graph) against ~
 the one-row frame step 3.04 ms against 3.16 with the per-layer kernels, and the one-stream RTF is 0.0405 with the
 predictor's kernel (benchmarks/HISTORY.md, session 25).
 
-Used for one-row frame steps of the shapes it is written for (the released 1.7B talker), bfloat16 weights, on
+Used for one-row frame steps of the released talkers' shapes (1.7B and 0.6B: the build sets the hidden and MLP
+sizes), bfloat16 weights, on
 GPUs with the bulk-copy engine (compute capability 9.0) and enough shared memory; anything else, or a failed
 build, keeps the per-layer Triton kernels (`runtime/fast_path.FrameStepper`). `Qwen3Settings.talker_kernel`
 (env STREAMVOX_QWEN3_TALKER_KERNEL): 0 never, 1 required (a failure raises), default auto. Like the predictor's
@@ -34,15 +35,20 @@ from streamvox.models.qwen3_tts.kernels.build import (
     shape_mismatch,
 )
 
-# The shapes the kernel is compiled for (its constexprs)
-SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=6144,
-             num_hidden_layers=28)
+# The shapes common to the talkers the kernel is compiled for (its constexprs), and each one's MLP width by its
+# hidden size (TALKER_HIDDEN and TALKER_INTER in the build)
+SHAPE = dict(num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_hidden_layers=28)
+INTERMEDIATE = {2048: 6144, 1024: 3072}  # the released 1.7B and 0.6B talkers
 MAX_SPAN = 256  # positions one block of the attention takes at most (talker_kernel.cu)
 
 
 def unsupported(model, max_len: int, decoder_sms: str = "0") -> str | None:
     """Why the kernel cannot run `model`'s talker over a cache of `max_len` positions (None: it can)."""
-    why = shape_mismatch(model.cfg.talker, SHAPE, "talker") or device_unsupported(model)
+    tc = model.cfg.talker
+    why = shape_mismatch(tc, SHAPE, "talker") or device_unsupported(model)
+    if INTERMEDIATE.get(tc.hidden_size) != tc.intermediate_size:
+        why = (f"talker hidden_size {tc.hidden_size} with intermediate_size {tc.intermediate_size} (the kernel is "
+               f"built for {', '.join(f'{h} with {i}' for h, i in INTERMEDIATE.items())})")
     if why is not None:
         return why
     sms = torch.cuda.get_device_properties(model.device).multi_processor_count
@@ -56,12 +62,13 @@ class TalkerLayers:
     """The talker's layers for one row of a `FrameStepper`, in one launch."""
 
     def __init__(self, model, tstack, cache, decoder_sms: str = "0") -> None:
-        self.ext = build("talker_kernel.cu")
+        tc = model.cfg.talker
+        sizes = (("TALKER_HIDDEN", tc.hidden_size), ("TALKER_INTER", tc.intermediate_size))
+        self.ext = build("talker_kernel.cu", sizes)
         assert self.ext.max_span() == MAX_SPAN
         dev = model.device
         self.grid = kernel_grid(torch.cuda.get_device_properties(dev).multi_processor_count, decoder_sms)
         self.shared_bytes = self.ext.prepare()  # raises if the device's limit is too low
-        tc = model.cfg.talker
         h, hd, nh, nkv = tc.hidden_size, tc.head_dim, tc.num_attention_heads, tc.num_key_value_heads
         bf = dict(dtype=torch.bfloat16, device=dev)
         self.x = torch.empty(h, **bf)  # the output

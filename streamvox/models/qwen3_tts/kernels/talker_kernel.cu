@@ -25,11 +25,19 @@ namespace {
 
 using namespace persistent;
 
-constexpr int H = 2048;      // talker hidden size
+// The hidden and MLP sizes are set by the build (talker.py: the released 1.7B talker's, 2048 and 6144, or the
+// 0.6B's, 1024 and 3072); the rest is common to both.
+#ifndef TALKER_HIDDEN
+#define TALKER_HIDDEN 2048
+#endif
+#ifndef TALKER_INTER
+#define TALKER_INTER 6144
+#endif
+constexpr int H = TALKER_HIDDEN;  // talker hidden size
 constexpr int NH = 16;       // query heads
 constexpr int NKV = 8;       // key/value heads
 constexpr int REP = NH / NKV;
-constexpr int INTER = 6144;  // MLP width
+constexpr int INTER = TALKER_INTER;  // MLP width
 constexpr int LAYERS = 28;
 constexpr int QKV_ROWS = (NH + 2 * NKV) * HD;
 constexpr int THREADS = 512;          // the computing threads; one more warp refills the ring
