@@ -39,7 +39,7 @@ def main() -> None:
         got = aligner.align(audio=audio, text=[item["text"] for item in batch], language="English")
         np.save(out / f"features_{b}.npy", seen["features"].float().numpy())
         np.save(out / f"feature_mask_{b}.npy", seen["mask"].numpy())
-        for i, (ids, logits) in enumerate(zip(seen["ids"], seen["logits"])):
+        for i, (ids, logits) in enumerate(zip(seen["ids"], seen["logits"], strict=True)):
             np.save(out / f"logits_{b}_{i}.npy", logits[ids == aligner.timestamp_token_id].float().numpy())
         results.append([[[it.text, it.start_time, it.end_time] for it in result] for result in got])
     repairs = [aligner.aligner_processor.fix_timestamp(np.array(times)) for times in job.get("repairs", [])]

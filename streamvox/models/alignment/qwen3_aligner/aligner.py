@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from streamvox.models.alignment.pocketsphinx_aligner import AlignmentFailed
 from streamvox.models.alignment.qwen3_aligner.audio_encoder import encoded_length, sinusoids
 from streamvox.models.alignment.qwen3_aligner.config import AlignerConfig, load_aligner_config
 from streamvox.models.alignment.qwen3_aligner.features import log_mel_batch, peak_normalised
@@ -29,14 +28,12 @@ from streamvox.models.alignment.qwen3_aligner.words import (
     units,
     word_spans,
 )
+from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
 from streamvox.models.qwen3_tts.model.checkpoint import load_state_dict, resolve_model_dir
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import load_tokenizer
 
 _SILENT_PEAK = 1e-4  # a clip whose peak is below this says nothing to align
-
-
-AlignItem = tuple[np.ndarray, int, list[str]]  # (pcm, sample_rate, words)
 
 
 @dataclass
@@ -78,7 +75,7 @@ class Qwen3ForcedAligner:
 
     # aligning
 
-    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> list[tuple[float, float]]:
+    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
         """(start, end) in seconds from the first sample of `pcm` for each of `words` (the text's
         whitespace-separated words, verbatim). A word with nothing to say ("-") gets an empty span
         where the previous word ended. Raises `AlignmentFailed`."""
@@ -87,7 +84,7 @@ class Qwen3ForcedAligner:
             raise result
         return result
 
-    def align_batch(self, items: list[AlignItem]) -> list[list[tuple[float, float]] | AlignmentFailed]:
+    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
         """`align` for each (pcm, sample_rate, words), in one forward: spans, or the item's `AlignmentFailed`."""
         results, batch = self._prepare(items)
         if batch:
@@ -108,7 +105,7 @@ class Qwen3ForcedAligner:
 
     def _prepare(self, items: list[AlignItem]) -> tuple[list, list[_Prepared]]:
         """Results of the items that need no forward (nothing to say, or no audio to align), and the rest."""
-        results: list[list[tuple[float, float]] | AlignmentFailed] = [[] for _ in items]
+        results: list[Spans | AlignmentFailed] = [[] for _ in items]
         batch = []
         for index, (pcm, rate, words) in enumerate(items):
             if not any(units(word) for word in words):
