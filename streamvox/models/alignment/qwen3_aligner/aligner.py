@@ -121,7 +121,7 @@ class Qwen3ForcedAligner:
         return results, batch
 
     def _marker_logits(self, batch: list[_Prepared]) -> list[torch.Tensor]:
-        features, frames = log_mel_batch([p.clip for p in batch], self.cfg.features)
+        features, frames = log_mel_batch([p.clip for p in batch], self.cfg.features, self.device)
         chunk = 2 * self.cfg.audio.n_window
         prompts = []
         for prepared, count in zip(batch, frames, strict=True):
@@ -132,5 +132,5 @@ class Qwen3ForcedAligner:
             ids[row, : len(prompt)] = torch.tensor(prompt)
         markers = ids == self.cfg.timestamp_token_id
         counts = markers.sum(dim=1).tolist()
-        logits = self.module.thinker(ids.to(self.device), features.to(self.device), frames)
-        return list(logits[markers.to(self.device)].float().split(counts))
+        logits = self.module.thinker(ids.to(self.device), features, frames, markers.to(self.device))
+        return list(logits.float().split(counts))

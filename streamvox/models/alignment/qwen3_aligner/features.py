@@ -26,19 +26,21 @@ def peak_normalised(pcm: np.ndarray) -> np.ndarray:
     return np.clip(audio, -1.0, 1.0)
 
 
-def log_mel_batch(clips: list[np.ndarray], cfg: FeatureConfig) -> tuple[torch.Tensor, list[int]]:
-    """`clips` (float32 at `cfg.sampling_rate`) -> features `[B, n_mels, frames]` (float32, CPU) and each
-    clip's count of valid frames."""
+def log_mel_batch(
+    clips: list[np.ndarray], cfg: FeatureConfig, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, list[int]]:
+    """`clips` (float32 at `cfg.sampling_rate`) -> features `[B, n_mels, frames]` (float32, computed on
+    `device`) and each clip's count of valid frames."""
     longest = max(len(clip) for clip in clips)
     waves = torch.zeros(len(clips), longest, dtype=torch.float32)
     for row, clip in enumerate(clips):
         waves[row, : len(clip)] = torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32))
-    window = torch.hann_window(cfg.n_fft)
+    waves = waves.to(device)
+    window = torch.hann_window(cfg.n_fft, device=waves.device)
     stft = torch.stft(waves, cfg.n_fft, cfg.hop_length, window=window, return_complex=True)
     power = stft[..., :-1].abs() ** 2
-    filters = torch.from_numpy(
-        slaney_mel_filterbank(cfg.sampling_rate, cfg.n_fft, cfg.feature_size, 0.0, _TOP_HZ)
-    )
+    filters = slaney_mel_filterbank(cfg.sampling_rate, cfg.n_fft, cfg.feature_size, 0.0, _TOP_HZ)
+    filters = torch.from_numpy(filters).to(waves.device)
     log_spec = torch.clamp(filters @ power, min=1e-10).log10()
     peak = log_spec.amax(dim=(1, 2), keepdim=True)
     log_spec = (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0

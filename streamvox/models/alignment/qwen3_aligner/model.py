@@ -2,9 +2,9 @@
 
 One non-autoregressive pass: the prompt's embeddings, with the audio tower's output in place of its
 `<|audio_pad|>` tokens, go through the causal Qwen3 decoder (StreamVox's Qwen3 layers, the talker's),
-and the head gives `classify_num` logits at every position; the ones at `<timestamp>` tokens are the
-timings. Rows of a batch are right-padded: under the causal mask a row's real tokens never see its
-padding, and each row counts positions from 0, so a row's logits do not depend on its batch.
+and the head gives `classify_num` logits at the `<timestamp>` tokens: the timings. Rows of a batch
+are right-padded: under the causal mask a row's real tokens never see its padding, and each row
+counts positions from 0, so a row's logits do not depend on the rows beside it.
 Module names are the checkpoint's (`thinker.audio_tower`, `thinker.model.layers.0`, `thinker.lm_head`).
 """
 
@@ -54,13 +54,16 @@ class Thinker(nn.Module):
         self.model = TextModel(cfg.text)
         self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.classify_num, bias=False)
 
-    def forward(self, ids: torch.Tensor, features: torch.Tensor, frames: list[int]) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, features: torch.Tensor, frames: list[int], markers: torch.Tensor
+    ) -> torch.Tensor:
         """ids `[B, T]` (right-padded prompts, one `<|audio_pad|>` per audio position of their clip),
-        features `[B, n_mels, F]` with each clip's valid frames -> logits `[B, T, classify_num]`."""
+        features `[B, n_mels, F]` with each clip's valid frames, markers `[B, T]` (where the prompts'
+        `<timestamp>` tokens are) -> logits at the markers `[markers, classify_num]`, row after row."""
         x = self.model.embed_tokens(ids)
         audio = torch.cat(self.audio_tower(features.to(x.dtype), frames)).to(x.dtype)
         x = x.masked_scatter((ids == self.cfg.audio_token_id)[..., None], audio)
-        return self.lm_head(self.model(x))
+        return self.lm_head(self.model(x)[markers])
 
 
 class ForcedAligner(nn.Module):
