@@ -3,11 +3,14 @@
 `Qwen3ForcedAligner.from_pretrained(dir_or_repo, device, dtype)` loads the checkpoint (config.json,
 safetensors, tokenizer files) with no transformers dependency. `align_batch` pads several clips and
 their prompts into one non-autoregressive forward on the device; `align` is one clip's batch. On
-CUDA the aligner runs on a stream of its own, so the speech model's work never waits on its queue.
+CUDA the aligner runs on a stream of its own, so the speech model's work never waits on its queue,
+and not while the speech model captures a CUDA graph (`CAPTURE_LOCK`: a capture fails if another
+thread allocates or synchronises meanwhile).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -29,6 +32,7 @@ from streamvox.models.alignment.qwen3_aligner.words import (
     word_spans,
 )
 from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
+from streamvox.models.qwen3_tts.kernels.graphs import CAPTURE_LOCK
 from streamvox.models.qwen3_tts.model.checkpoint import load_state_dict, resolve_model_dir
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import load_tokenizer
@@ -88,7 +92,7 @@ class Qwen3ForcedAligner:
         """`align` for each (pcm, sample_rate, words), in one forward: spans, or the item's `AlignmentFailed`."""
         results, batch = self._prepare(items)
         if batch:
-            with torch.inference_mode(), torch.cuda.stream(self._stream):
+            with self._on_device():
                 logits = self._marker_logits(batch)
                 classes = torch.cat(logits).argmax(dim=-1).cpu().split([len(part) for part in logits])
             for prepared, part in zip(batch, classes, strict=True):
@@ -100,8 +104,15 @@ class Qwen3ForcedAligner:
         """The head's logits at the `<timestamp>` markers `[2 * units, classify_num]` (float32, CPU) of each
         item that can be aligned: what `align_batch` reads its classes from."""
         _, batch = self._prepare(items)
-        with torch.inference_mode(), torch.cuda.stream(self._stream):
+        with self._on_device():
             return [part.cpu() for part in self._marker_logits(batch)]
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """Inference on the aligner's own stream, outside any graph capture (CUDA); plain inference (CPU)."""
+        with torch.inference_mode(), torch.cuda.stream(self._stream), \
+                CAPTURE_LOCK if self._stream is not None else contextlib.nullcontext():
+            yield
 
     def _prepare(self, items: list[AlignItem]) -> tuple[list, list[_Prepared]]:
         """Results of the items that need no forward (nothing to say, or no audio to align), and the rest."""
