@@ -6,10 +6,17 @@ abbreviations included), the sentence is synthesised once, and the aligner align
 the sentence's text. Only words with an eSpeak event of their own are scored.
 
 Reports the mean, p50, p90 and p95 absolute error of word starts (targets: mean <= 20 ms,
-p95 <= 50 ms), how many sentences failed to align, and the aligner's CPU time per second of audio
-(one thread). Example:
+p95 <= 50 ms), how many sentences failed to align, and the aligner's CPU (and wall) time per second
+of audio. `--aligner` is "pocketsphinx" or a Qwen3-ForcedAligner-0.6B directory (`--device`, `--dtype`).
+
+`--latency` times instead what serving pays per clause on the device: batches of N clauses
+(`--streams`, one clause per stream) of typical length (2-4 s of audio, 6-12 words), each one
+`align_batch` (features, one forward, the timings read back), after warm-up; p50 and p95 ms per
+batch (target: p50 <= 15 ms at 16 streams). Examples:
 
   python benchmarks/alignment_bench.py --aligner pocketsphinx
+  python benchmarks/make_real_shape_checkpoint.py --aligner --out /tmp/fa-0.6b
+  python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --streams 1 16
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from streamvox.models.alignment.pocketsphinx_aligner import AlignmentFailed, PocketsphinxAligner  # noqa: E402
+from streamvox.models.alignment.word_aligner import AlignmentFailed, WordAligner  # noqa: E402
 from streamvox.models.espeak.library import EVENT_WORD, EspeakLibrary  # noqa: E402
 
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus", "english_sentences.txt")
 TARGET_MEAN_MS, TARGET_P95_MS = 20.0, 50.0
+TARGET_LATENCY_P50_MS = 15.0  # per batch, at 16 streams
+CLAUSE_S, CLAUSE_WORDS = (2.0, 4.0), (6, 12)
 
 
 def reference_starts(text: str, events, sample_rate: int) -> list[float | None]:
@@ -45,32 +54,39 @@ def reference_starts(text: str, events, sample_rate: int) -> list[float | None]:
     return starts
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--aligner", default="pocketsphinx", choices=("pocketsphinx",))
-    parser.add_argument("--corpus", default=CORPUS)
-    parser.add_argument("--voice", default="en-us")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
-    parser.add_argument("--json", default=None, help="also write the figures to this file")
-    args = parser.parse_args()
+def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str) -> WordAligner:
+    if name == "pocketsphinx":
+        from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
 
-    sentences = [line.strip() for line in open(args.corpus, encoding="utf-8") if line.strip()][: args.limit]
-    espeak = EspeakLibrary()
-    espeak.set_voice(args.voice)
+        return PocketsphinxAligner(espeak.phonemes)
+    import torch
+
+    from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return Qwen3ForcedAligner.from_pretrained(name, device, getattr(torch, dtype))
+
+
+def synthesise(espeak: EspeakLibrary, text: str) -> tuple[np.ndarray, list]:
+    events, parts = [], []
+    espeak.synthesize(text, lambda pcm, parts=parts: parts.append(pcm) or True, events)
+    return np.concatenate(parts).astype(np.float32) / 32768.0, events
+
+
+def accuracy(args, sentences: list[str], espeak: EspeakLibrary, aligner: WordAligner) -> dict:
     rate = espeak.sample_rate
-    aligner = PocketsphinxAligner(espeak.phonemes)
-
     errors_ms: list[float] = []
     failed: list[str] = []
-    cpu_s = audio_s = 0.0
+    cpu_s = wall_s = audio_s = 0.0
     for text in sentences:
-        events, parts = [], []
-        espeak.synthesize(text, lambda pcm, parts=parts: parts.append(pcm) or True, events)
-        pcm = np.concatenate(parts).astype(np.float32) / 32768.0
+        pcm, events = synthesise(espeak, text)
         words = text.split()
         reference = reference_starts(text, events, rate)
         audio_s += len(pcm) / rate
-        started = time.process_time()
+        started, started_wall = time.process_time(), time.perf_counter()
         try:
             spans = aligner.align(pcm, rate, words)
         except AlignmentFailed:
@@ -78,12 +94,13 @@ def main() -> int:
             continue
         finally:
             cpu_s += time.process_time() - started
+            wall_s += time.perf_counter() - started_wall
         errors_ms += [abs(start - truth) * 1000 for (start, _), truth in zip(spans, reference, strict=True)
                       if truth is not None]
-
+    for text in failed:
+        print("failed to align:", text, file=sys.stderr)
     errors = np.array(errors_ms)
     figures = {
-        "aligner": args.aligner,
         "sentences": len(sentences),
         "failed_sentences": len(failed),
         "words_scored": len(errors),
@@ -94,17 +111,95 @@ def main() -> int:
         "max_ms": round(float(errors.max()), 1),
         "audio_s": round(audio_s, 1),
         "cpu_s_per_audio_s": round(cpu_s / audio_s, 4),
+        "wall_s_per_audio_s": round(wall_s / audio_s, 4),
         "targets": {"mean_abs_error_ms": TARGET_MEAN_MS, "p95_ms": TARGET_P95_MS},
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
     }
+    met = figures["mean_abs_error_ms"] <= TARGET_MEAN_MS and figures["p95_ms"] <= TARGET_P95_MS
+    print("targets met" if met else "targets NOT met", file=sys.stderr)
+    return figures
+
+
+def clauses(sentences: list[str], espeak: EspeakLibrary) -> list[tuple[np.ndarray, int, list[str]]]:
+    """The corpus sentences of typical clause length (`CLAUSE_S` seconds, `CLAUSE_WORDS` words), spoken."""
+    out = []
+    for text in sentences:
+        words = text.split()
+        if not CLAUSE_WORDS[0] <= len(words) <= CLAUSE_WORDS[1]:
+            continue
+        pcm, _ = synthesise(espeak, text)
+        if CLAUSE_S[0] <= len(pcm) / espeak.sample_rate <= CLAUSE_S[1]:
+            out.append((pcm, espeak.sample_rate, words))
+    if not out:
+        raise SystemExit("no corpus sentence has a clause's length")
+    return out
+
+
+def latency(args, sentences: list[str], espeak: EspeakLibrary, aligner: WordAligner) -> dict:
+    import torch
+
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    pool = clauses(sentences, espeak)
+    figures: dict = {"clauses": len(pool), "mean_clause_s": round(float(np.mean([len(p) / r for p, r, _ in pool])), 2),
+                     "mean_clause_words": round(float(np.mean([len(w) for _, _, w in pool])), 1), "streams": {}}
+    for streams in args.streams:
+        batches = [[pool[(b * streams + i) % len(pool)] for i in range(streams)]
+                   for b in range(args.warmup + args.iterations)]
+        times_ms, failed = [], 0
+        for b, batch in enumerate(batches):
+            synchronize()
+            started = time.perf_counter()
+            results = aligner.align_batch(batch)
+            synchronize()
+            if b >= args.warmup:
+                times_ms.append((time.perf_counter() - started) * 1000)
+                failed += sum(isinstance(r, AlignmentFailed) for r in results)
+        p50 = float(np.percentile(times_ms, 50))
+        figures["streams"][str(streams)] = {
+            "batches": len(times_ms), "failed_clauses": failed,
+            "p50_ms_per_batch": round(p50, 2), "p95_ms_per_batch": round(float(np.percentile(times_ms, 95)), 2),
+            "p50_ms_per_clause": round(p50 / streams, 2),
+        }
+    if "16" in figures["streams"]:
+        met = figures["streams"]["16"]["p50_ms_per_batch"] <= TARGET_LATENCY_P50_MS
+        print("latency target met" if met else "latency target NOT met", file=sys.stderr)
+    figures["target_p50_ms_per_batch_at_16"] = TARGET_LATENCY_P50_MS
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--aligner", default="pocketsphinx", help="'pocketsphinx' or a Qwen3-ForcedAligner directory")
+    parser.add_argument("--device", default="auto", help="Qwen3 aligner: cpu, cuda, cuda:N (default: cuda if present)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="Qwen3 aligner precision (default: bfloat16 on CUDA, float32 on the CPU)")
+    parser.add_argument("--corpus", default=CORPUS)
+    parser.add_argument("--voice", default="en-us")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+    parser.add_argument("--latency", action="store_true", help="time batches of clauses instead of accuracy")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 16], help="--latency: clauses per batch")
+    parser.add_argument("--warmup", type=int, default=10, help="--latency: untimed batches first")
+    parser.add_argument("--iterations", type=int, default=100, help="--latency: timed batches")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args()
+
+    sentences = [line.strip() for line in open(args.corpus, encoding="utf-8") if line.strip()][: args.limit]
+    espeak = EspeakLibrary()
+    espeak.set_voice(args.voice)
+    aligner = load_aligner(args.aligner, espeak, args.device, args.dtype)
+    figures = {"aligner": args.aligner}
+    if hasattr(aligner, "device"):
+        figures.update(device=str(aligner.device), dtype=str(aligner.dtype).removeprefix("torch."))
+    figures.update(latency(args, sentences, espeak, aligner) if args.latency
+                   else accuracy(args, sentences, espeak, aligner))
+    figures["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}"
+    if figures.get("device", "").startswith("cuda"):
+        import torch
+
+        figures["gpu"] = torch.cuda.get_device_name(figures["device"])
     print(json.dumps(figures, indent=2))
-    for text in failed:
-        print("failed to align:", text, file=sys.stderr)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(figures, out, indent=2)
-    met = figures["mean_abs_error_ms"] <= TARGET_MEAN_MS and figures["p95_ms"] <= TARGET_P95_MS
-    print("targets met" if met else "targets NOT met", file=sys.stderr)
     return 0
 
 

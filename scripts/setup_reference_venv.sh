@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build a CPU-only virtualenv holding the reference Qwen3-TTS implementation
-# (`qwen-tts`, transformers-based) for parity tests.  Idempotent: re-running it on
-# a finished venv only re-checks the import and exits.
+# (`qwen-tts`, transformers-based) and the reference Qwen3-ForcedAligner (`qwen-asr`)
+# for parity tests.  Idempotent: re-running it on a finished venv only re-checks the
+# imports and exits; on a venv that lacks a part, it installs what is missing.
 #
 #   scripts/setup_reference_venv.sh TARGET_DIR
 #
@@ -12,6 +13,12 @@
 # `torchaudio.compliance.kaldi` import; its compiled extension libraries are built
 # for a different torch (and CUDA), so they are moved aside and torchaudio falls
 # back to its python-only parts.
+#
+# qwen-asr pins transformers==4.57.6 (and gradio, vllm extras); it goes in with
+# --no-deps too, on qwen-tts's transformers 4.57.3, which its aligner runs with. Its
+# aligner module imports nagisa (Japanese word splitting) at import time, so nagisa
+# and its dependencies (six, DyNet38) are installed; soynlp (Korean) is imported only
+# when used, and is not.
 set -euo pipefail
 
 TARGET="${1:?usage: $0 TARGET_DIR}"
@@ -19,7 +26,7 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${REF_TORCH_SPEC:-torch==2.13.0+cpu}"
 TORCHAUDIO_SPEC="${REF_TORCHAUDIO_SPEC:-torchaudio==2.11.1}"
 
-if [ -f "$TARGET/READY" ] && "$TARGET/bin/python" -c "import qwen_tts" >/dev/null 2>&1; then
+if [ -f "$TARGET/READY" ] && "$TARGET/bin/python" -c "import qwen_tts, qwen_asr" >/dev/null 2>&1; then
     echo "reference venv at $TARGET is ready"
     exit 0
 fi
@@ -35,6 +42,8 @@ PIP=("$TARGET/bin/python" -m pip install --quiet)
 # numpy<2.4: numba, pulled in by librosa, lags numpy releases.
 "${PIP[@]}" "transformers==4.57.3" "accelerate==1.12.0" "librosa" "soundfile" "sox" \
     "onnxruntime" "einops" "numpy<2.4"
+"${PIP[@]}" --no-deps "qwen-asr==0.0.6" "nagisa==0.2.11"
+"${PIP[@]}" "six" "DyNet38"
 
 # Move torchaudio's compiled extensions aside (keep them for inspection).
 TA_DIR="$("$TARGET/bin/python" - <<'PY'
@@ -54,7 +63,8 @@ done
 import torch
 import qwen_tts  # noqa: F401
 from qwen_tts.core.models import Qwen3TTSForConditionalGeneration  # noqa: F401
-print("qwen_tts imports with torch", torch.__version__)
+from qwen_asr import Qwen3ForcedAligner  # noqa: F401
+print("qwen_tts and qwen_asr import with torch", torch.__version__)
 PY
 touch "$TARGET/READY"
 echo "reference venv at $TARGET is ready"

@@ -16,7 +16,7 @@ from streamvox.audio.formats import FORMATS, encode_audio
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import EngineUnavailable
-from streamvox.models.registry import ALIGNERS, DEFAULT_MODEL
+from streamvox.models.registry import DEFAULT_MODEL, POCKETSPHINX
 from streamvox.scale.options import add_scale_flags, scale_options
 from streamvox.server.audio_out import AudioOut
 from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
@@ -147,12 +147,25 @@ def _model_options(args: argparse.Namespace) -> dict:
 
 
 def _check_aligner(aligner: str) -> str:
-    if aligner not in ALIGNERS:
-        raise SystemExit(f"streamvox: --aligner {aligner!r} is not available yet: the GPU aligner "
-                         "(Qwen3-ForcedAligner-0.6B, a directory or repo id) still needs a GPU run to land; "
-                         "use --aligner pocketsphinx (English, CPU)")
-    if importlib.util.find_spec("pocketsphinx") is None:
-        raise SystemExit("streamvox: --aligner pocketsphinx needs the 'align' extra: pip install 'streamvox[align]'")
+    """`--aligner`: "pocketsphinx" with its extra installed, a forced-aligner checkpoint directory, or a repo id
+    (fetched, and checked, where the model loads)."""
+    if aligner == POCKETSPHINX:
+        if importlib.util.find_spec("pocketsphinx") is None:
+            raise SystemExit("streamvox: --aligner pocketsphinx needs the 'align' extra: "
+                             "pip install 'streamvox[align]'")
+        return aligner
+    from streamvox.models.alignment.qwen3_aligner.config import NotAForcedAligner, load_aligner_config
+
+    path = Path(aligner)
+    if path.is_dir():
+        try:
+            load_aligner_config(path)
+        except NotAForcedAligner as error:
+            raise SystemExit(f"streamvox: --aligner: {error}; give 'pocketsphinx' or a Qwen3-ForcedAligner-0.6B "
+                             "directory or repo id") from None
+    elif path.exists() or aligner.count("/") != 1 or aligner.startswith((".", "/", "~")):
+        raise SystemExit(f"streamvox: --aligner {aligner!r} is neither 'pocketsphinx', a directory, nor a Hugging "
+                         "Face repo id (owner/name) of Qwen3-ForcedAligner-0.6B")
     return aligner
 
 
@@ -163,9 +176,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="Qwen3-TTS talker precision (default: bfloat16 on CUDA, float32 on the CPU)")
     parser.add_argument("--max-batch", type=int, default=None, help="Qwen3-TTS: concurrent requests in the AR stage")
-    parser.add_argument("--aligner", default=None, metavar="pocketsphinx",
+    parser.add_argument("--aligner", default=None, metavar="pocketsphinx|DIR_OR_REPO",
                         help="word timestamps for a model without its own (Qwen3-TTS): 'pocketsphinx' aligns "
-                             "English speech on the CPU (the 'align' extra); eSpeak times its words itself")
+                             "English speech on the CPU (the 'align' extra); a Qwen3-ForcedAligner-0.6B directory or "
+                             "Hugging Face repo id runs on the model's device; eSpeak times its words itself")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import bisect
 from streamvox.contract import ModelInfo, WordTimings
 from streamvox.server.errors import APIError
 
-ALIGNER_FLAG = "--aligner pocketsphinx"
+ALIGNER_FLAG = "--aligner pocketsphinx (English, CPU) or --aligner DIR_OR_REPO (Qwen3-ForcedAligner-0.6B)"
 
 
 def parse_word_timestamps(body: dict, info: ModelInfo) -> bool:
@@ -25,7 +25,7 @@ def parse_word_timestamps(body: dict, info: ModelInfo) -> bool:
         raise APIError(400, "'word_timestamps' must be a boolean.", "word_timestamps")
     if value and not info.word_timestamps:
         raise APIError(400, f"Model '{info.name}' has no word aligner, so it cannot send word timestamps; start the "
-                            f"server with {ALIGNER_FLAG} (English) to enable them.", "word_timestamps",
+                            f"server with {ALIGNER_FLAG} to enable them.", "word_timestamps",
                        "word_timestamps_unavailable")
     return value
 

@@ -16,6 +16,7 @@ import numpy as np
 import soxr
 
 from streamvox.models.alignment.pronunciation import arpabet, dictionary_key, needs_espeak, spoken, spoken_form
+from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
 
 RATE = 16000
 _FRAME = 160  # samples of a 10 ms frame
@@ -25,10 +26,6 @@ _PAUSE_FRAMES = 8  # silent 10 ms frames at a word's edge that make a pause, not
 _ONSET_FRAMES = 1  # of silence kept before a word's sound after a pause (a synthesiser starts the word there)
 _SILENCE_DB = -34  # a frame this far below the loud frames' level is silent
 _MAX_ADDED_WORDS = 100_000  # pronunciations added for words outside the dictionary, before starting over
-
-
-class AlignmentFailed(Exception):
-    """The audio could not be aligned with the text (it does not say it, or says it too differently)."""
 
 
 class PocketsphinxAligner:
@@ -47,7 +44,7 @@ class PocketsphinxAligner:
         return self._pocketsphinx.Decoder(lm=None, samprate=RATE, fsgusefiller=False, bestpath=False,
                                           loglevel="FATAL")
 
-    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> list[tuple[float, float]]:
+    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
         """(start, end) in seconds from the first sample of `pcm` for each of `words` (the text's
         whitespace-separated words, verbatim). A word with nothing to say ("-") gets an empty span
         where the previous word ended. Raises `AlignmentFailed`."""
@@ -88,6 +85,16 @@ class PocketsphinxAligner:
             out.append((start, end))
             previous_end = end
         return out
+
+    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
+        """`align` of each item in turn: its spans, or its `AlignmentFailed`."""
+        results: list[Spans | AlignmentFailed] = []
+        for pcm, sample_rate, words in items:
+            try:
+                results.append(self.align(pcm, sample_rate, words))
+            except AlignmentFailed as error:
+                results.append(error)
+        return results
 
     def _word_spans(self, segments, loud: np.ndarray) -> list[tuple[float, float]]:
         """The aligned words' (start, end) in seconds, without the pauses PocketSphinx put inside them.

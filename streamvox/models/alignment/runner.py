@@ -3,6 +3,8 @@
 `AligningRunner` wraps a model's runner. Requests that ask for `word_timestamps` have their
 audio (as it is sent, untouched and undelayed) and their text kept; once such a request's audio
 is complete, a worker thread aligns the two, and the request's timings are sent, then its end.
+The worker takes every request waiting when it comes round (up to `_MAX_BATCH`) and aligns them
+together (`align_batch`: one forward of a GPU aligner).
 The audio path never waits on alignment: only the request's end does. Audio that cannot be
 aligned gets no timings at all (never guessed ones), and the request ends normally.
 """
@@ -19,12 +21,13 @@ import msgspec
 import numpy as np
 
 from streamvox.contract import OutputSink, RequestError, Runner, SpeechRequest, WordTimings
-from streamvox.models.alignment.pocketsphinx_aligner import AlignmentFailed, PocketsphinxAligner
+from streamvox.models.alignment.word_aligner import AlignmentFailed, WordAligner
 
 log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"\S+")
 _IDLE_WAIT_S = 0.005  # how long a step waits for an alignment when the model has nothing to do
+_MAX_BATCH = 32  # requests aligned together
 
 
 @dataclass
@@ -42,7 +45,7 @@ class _Aligned:
 class AligningRunner:
     """A `Runner` that adds word timings (`ModelInfo.word_timestamps`) to `runner` with `aligner`."""
 
-    def __init__(self, runner: Runner, aligner: PocketsphinxAligner) -> None:
+    def __init__(self, runner: Runner, aligner: WordAligner) -> None:
         self.runner = runner
         self.info = msgspec.structs.replace(runner.info, word_timestamps=True)
         self._aligner = aligner
@@ -117,32 +120,48 @@ class AligningRunner:
         return True
 
     def _align_jobs(self) -> None:
-        rate = self.info.sample_rate
         while (job := self._jobs.get()) is not None:
-            request_id, audio, text = job
-            self._results.put(_Aligned(request_id, self._align(request_id, audio, rate, text)))
+            jobs = [job]
+            while len(jobs) < _MAX_BATCH:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._jobs.put(None)  # closing: align what was taken, then stop
+                    break
+                jobs.append(job)
+            for request_id, timings in zip((job[0] for job in jobs), self._align(jobs), strict=True):
+                self._results.put(_Aligned(request_id, timings))
 
-    def _align(self, request_id: str, audio: np.ndarray, rate: int, text: str) -> WordTimings | None:
-        matches = list(_WORD.finditer(text))
-        if not matches:
-            return None
+    def _align(self, jobs: list[tuple[str, np.ndarray, str]]) -> list[WordTimings | None]:
+        """Each job's timings (None: it has no words, or its audio could not be aligned)."""
+        rate = self.info.sample_rate
+        words = [list(_WORD.finditer(text)) for _, _, text in jobs]
+        asked = [i for i, matches in enumerate(words) if matches]
+        out: list[WordTimings | None] = [None] * len(jobs)
+        if not asked:
+            return out
         try:
-            spans = self._aligner.align(audio, rate, [m.group() for m in matches])
-        except AlignmentFailed as error:
-            log.warning("request %s: its audio could not be aligned with its text (%s); it gets no word timings",
-                        request_id, error)
-            return None
-        except Exception:  # a bug must not keep the request from ending
-            log.exception("request %s: alignment failed", request_id)
-            return None
-        duration = len(audio) / rate
-        return WordTimings(
-            words=[m.group() for m in matches],
-            start=[min(start, duration) for start, _ in spans],
-            end=[min(end, duration) for _, end in spans],
-            char_start=[m.start() for m in matches],
-            char_end=[m.end() for m in matches],
-        )
+            results = self._aligner.align_batch([(jobs[i][1], rate, [m.group() for m in words[i]]) for i in asked])
+        except Exception:  # a bug must not keep the requests from ending
+            log.exception("requests %s: alignment failed", ", ".join(jobs[i][0] for i in asked))
+            return out
+        for i, spans in zip(asked, results, strict=True):
+            request_id, audio, _ = jobs[i]
+            if isinstance(spans, AlignmentFailed):
+                log.warning("request %s: its audio could not be aligned with its text (%s); it gets no word timings",
+                            request_id, spans)
+                continue
+            duration = len(audio) / rate
+            out[i] = WordTimings(
+                words=[m.group() for m in words[i]],
+                start=[min(start, duration) for start, _ in spans],
+                end=[min(end, duration) for _, end in spans],
+                char_start=[m.start() for m in words[i]],
+                char_end=[m.end() for m in words[i]],
+            )
+        return out
 
 
 class _Recorder:

@@ -386,7 +386,7 @@ def parse_streamvox_options(value: object, info: ModelInfo) -> dict:
             raise APIError(400, f"'{param}' must be a boolean.", param=param)
         if flag and not info.word_timestamps:
             raise APIError(400, f"Model '{info.name}' has no word aligner, so it cannot send word timestamps; start "
-                                f"the server with {ALIGNER_FLAG} (English) to enable them.", param=param,
+                                f"the server with {ALIGNER_FLAG} to enable them.", param=param,
                            code="word_timestamps_unavailable")
         changes["word_timestamps"] = flag
     return changes

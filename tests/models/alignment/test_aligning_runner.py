@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 
 from streamvox.contract import ModelInfo, RequestError, SpeechRequest, WordTimings
 from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
+from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 from streamvox.models.alignment.runner import AligningRunner
 from streamvox.models.espeak.library import EVENT_WORD, EspeakLibrary
+from tests.helpers.qwen3_aligner_tiny import build_tiny_aligner
 
 TEXTS = {"a": "Captions need word timings, 42 of them.", "b": "A second request is timed on its own."}
 
@@ -141,4 +144,43 @@ def test_unalignable_audio_gets_no_timings_and_a_released_request_nothing(spoken
     with pytest.raises(RequestError):
         runner.add(SpeechRequest(request_id="r", text="refuse", word_timestamps=True))
     assert "r" not in runner._timed
+    runner.close()
+
+
+class GatedAligner:
+    """The tiny Qwen3 aligner, holding its first batch until `gate` opens; records each batch's size."""
+
+    def __init__(self, aligner: Qwen3ForcedAligner) -> None:
+        self.aligner = aligner
+        self.gate = threading.Event()
+        self.sizes: list[int] = []
+
+    def align_batch(self, items):
+        self.sizes.append(len(items))
+        self.gate.wait(60)
+        return self.aligner.align_batch(items)
+
+
+def test_requests_waiting_together_are_aligned_in_one_batch(spoken, tmp_path):
+    espeak, audio, _ = spoken
+    texts = {f"r{i}": text for i, text in enumerate([TEXTS["a"], TEXTS["b"], TEXTS["a"], TEXTS["b"]])}
+    aligner = GatedAligner(Qwen3ForcedAligner.from_pretrained(build_tiny_aligner(tmp_path / "aligner")))
+    runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), aligner)
+    sink = Sink()
+    runner.add(SpeechRequest(request_id="r0", text=texts["r0"], word_timestamps=True))
+    _run(runner, sink, until=lambda: aligner.sizes)  # r0 is spoken, and its alignment holds the worker
+    for request_id in ("r1", "r2", "r3"):
+        runner.add(SpeechRequest(request_id=request_id, text=texts[request_id], word_timestamps=True))
+    _run(runner, sink, until=lambda: len(runner._ending) == 4)
+    aligner.gate.set()
+    _run(runner, sink)
+    assert aligner.sizes == [1, 3]
+    for request_id, text in texts.items():
+        kinds = [kind for kind, rid, _ in sink.log if rid == request_id]
+        assert kinds[-2:] == ["words", "finished"]
+        timings = next(t for kind, rid, t in sink.log if kind == "words" and rid == request_id)
+        assert timings.words == text.split()
+        assert timings.start == sorted(timings.start) and timings.end == sorted(timings.end)
+        assert all(0 <= s <= e <= len(audio[text]) / espeak.sample_rate for s, e in zip(timings.start, timings.end,
+                                                                                        strict=True))
     runner.close()

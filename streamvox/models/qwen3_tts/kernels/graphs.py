@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 T = TypeVar("T")
+
+# Held while a graph is captured. A capture fails if another thread of the process allocates or
+# synchronises meanwhile, so a thread that runs CUDA work beside the engine's (the GPU word aligner)
+# holds it for that work.
+CAPTURE_LOCK = threading.Lock()
 
 
 def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
@@ -20,13 +26,14 @@ def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph,
     """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
     capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
     call's output (static: each replay overwrites it)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    with CAPTURE_LOCK:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
     return graph, out

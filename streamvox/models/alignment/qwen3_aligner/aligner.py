@@ -1,0 +1,147 @@
+"""Qwen3-ForcedAligner-0.6B: when each word of a known text is spoken, for a batch of clips in one pass.
+
+`Qwen3ForcedAligner.from_pretrained(dir_or_repo, device, dtype)` loads the checkpoint (config.json,
+safetensors, tokenizer files) with no transformers dependency. `align_batch` pads several clips and
+their prompts into one non-autoregressive forward on the device; `align` is one clip's batch. On
+CUDA the aligner runs on a stream of its own, so the speech model's work never waits on its queue,
+and not while the speech model captures a CUDA graph (`CAPTURE_LOCK`: a capture fails if another
+thread allocates or synchronises meanwhile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from streamvox.models.alignment.qwen3_aligner.audio_encoder import encoded_length, sinusoids
+from streamvox.models.alignment.qwen3_aligner.config import AlignerConfig, load_aligner_config
+from streamvox.models.alignment.qwen3_aligner.features import log_mel_batch, peak_normalised
+from streamvox.models.alignment.qwen3_aligner.model import ForcedAligner
+from streamvox.models.alignment.qwen3_aligner.words import (
+    AUDIO_END,
+    AUDIO_PAD,
+    AUDIO_START,
+    TIMESTAMP,
+    prompt_text,
+    repaired,
+    units,
+    word_spans,
+)
+from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
+from streamvox.models.qwen3_tts.kernels.graphs import CAPTURE_LOCK
+from streamvox.models.qwen3_tts.model.checkpoint import load_state_dict, resolve_model_dir
+from streamvox.models.qwen3_tts.speaker import resample
+from streamvox.models.qwen3_tts.text import load_tokenizer
+
+_SILENT_PEAK = 1e-4  # a clip whose peak is below this says nothing to align
+
+
+@dataclass
+class _Prepared:
+    index: int  # in the items asked for
+    clip: np.ndarray  # at the feature rate
+    words: list[str]
+
+
+class Qwen3ForcedAligner:
+    """Aligns mono audio with the words it says (any of the model's languages, one at a time: not thread-safe)."""
+
+    def __init__(self, cfg: AlignerConfig, module: ForcedAligner, tokenizer) -> None:
+        self.cfg = cfg
+        self.module = module.eval().requires_grad_(False)
+        self._tokenizer = tokenizer
+        p = next(module.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        special = {name: tokenizer.token_to_id(name) for name in (AUDIO_START, AUDIO_PAD, AUDIO_END, TIMESTAMP)}
+        if None in special.values():
+            missing = ", ".join(name for name, i in special.items() if i is None)
+            raise ValueError(f"the aligner's tokenizer lacks {missing}")
+        if special[AUDIO_PAD] != cfg.audio_token_id or special[TIMESTAMP] != cfg.timestamp_token_id:
+            raise ValueError("the aligner's tokenizer and config.json disagree on the audio or timestamp token id")
+        self._start, self._pad, self._end = special[AUDIO_START], special[AUDIO_PAD], special[AUDIO_END]
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo: str | os.PathLike[str], device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> Qwen3ForcedAligner:
+        model_dir = resolve_model_dir(path_or_repo)
+        cfg = load_aligner_config(model_dir)
+        with torch.device("meta"):
+            module = ForcedAligner(cfg)
+        module.load_state_dict(load_state_dict(model_dir), strict=True, assign=True)
+        # The position table is not in the checkpoint: it was made on meta, make it for real.
+        module.thinker.audio_tower.positions = sinusoids(cfg.audio.max_source_positions, cfg.audio.d_model)
+        return cls(cfg, module.to(device=device, dtype=dtype), load_tokenizer(model_dir))
+
+    # aligning
+
+    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
+        """(start, end) in seconds from the first sample of `pcm` for each of `words` (the text's
+        whitespace-separated words, verbatim). A word with nothing to say ("-") gets an empty span
+        where the previous word ended. Raises `AlignmentFailed`."""
+        result = self.align_batch([(pcm, sample_rate, words)])[0]
+        if isinstance(result, AlignmentFailed):
+            raise result
+        return result
+
+    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
+        """`align` for each (pcm, sample_rate, words), in one forward: spans, or the item's `AlignmentFailed`."""
+        results, batch = self._prepare(items)
+        if batch:
+            with self._on_device():
+                logits = self._marker_logits(batch)
+                classes = torch.cat(logits).argmax(dim=-1).cpu().split([len(part) for part in logits])
+            for prepared, part in zip(batch, classes, strict=True):
+                ms = [c * self.cfg.timestamp_segment_ms for c in part.tolist()]
+                results[prepared.index] = word_spans(prepared.words, repaired(ms))
+        return results
+
+    def marker_logits(self, items: list[AlignItem]) -> list[torch.Tensor]:
+        """The head's logits at the `<timestamp>` markers `[2 * units, classify_num]` (float32, CPU) of each
+        item that can be aligned: what `align_batch` reads its classes from."""
+        _, batch = self._prepare(items)
+        with self._on_device():
+            return [part.cpu() for part in self._marker_logits(batch)]
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """Inference on the aligner's own stream, outside any graph capture (CUDA); plain inference (CPU)."""
+        with torch.inference_mode(), torch.cuda.stream(self._stream), \
+                CAPTURE_LOCK if self._stream is not None else contextlib.nullcontext():
+            yield
+
+    def _prepare(self, items: list[AlignItem]) -> tuple[list, list[_Prepared]]:
+        """Results of the items that need no forward (nothing to say, or no audio to align), and the rest."""
+        results: list[Spans | AlignmentFailed] = [[] for _ in items]
+        batch = []
+        for index, (pcm, rate, words) in enumerate(items):
+            if not any(units(word) for word in words):
+                results[index] = [(0.0, 0.0)] * len(words)
+                continue
+            clip = peak_normalised(resample(np.asarray(pcm, np.float32), rate, self.cfg.features.sampling_rate))
+            if len(clip) < self.cfg.features.n_fft:
+                results[index] = AlignmentFailed("the audio is too short to align")
+            elif float(np.max(np.abs(clip))) < _SILENT_PEAK:
+                results[index] = AlignmentFailed("the audio is silent")
+            else:
+                batch.append(_Prepared(index, clip, words))
+        return results, batch
+
+    def _marker_logits(self, batch: list[_Prepared]) -> list[torch.Tensor]:
+        features, frames = log_mel_batch([p.clip for p in batch], self.cfg.features, self.device)
+        chunk = 2 * self.cfg.audio.n_window
+        prompts = []
+        for prepared, count in zip(batch, frames, strict=True):
+            text = self._tokenizer.encode(prompt_text([u for w in prepared.words for u in units(w)])).ids
+            prompts.append([self._start] + [self._pad] * encoded_length(count, chunk) + [self._end] + text)
+        ids = torch.zeros(len(batch), max(len(p) for p in prompts), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt)
+        markers = ids == self.cfg.timestamp_token_id
+        counts = markers.sum(dim=1).tolist()
+        logits = self.module.thinker(ids.to(self.device), features, frames, markers.to(self.device))
+        return list(logits.float().split(counts))

@@ -1,0 +1,74 @@
+"""The forced aligner as a torch module: audio tower, Qwen3 text body, and the timing-class head.
+
+One non-autoregressive pass: the prompt's embeddings, with the audio tower's output in place of its
+`<|audio_pad|>` tokens, go through the causal Qwen3 decoder (StreamVox's Qwen3 layers, the talker's),
+and the head gives `classify_num` logits at the `<timestamp>` tokens: the timings. Rows of a batch
+are right-padded: under the causal mask a row's real tokens never see its padding, and each row
+counts positions from 0, so a row's logits do not depend on the rows beside it.
+Module names are the checkpoint's (`thinker.audio_tower`, `thinker.model.layers.0`, `thinker.lm_head`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from streamvox.models.alignment.qwen3_aligner.audio_encoder import AudioEncoder
+from streamvox.models.alignment.qwen3_aligner.config import AlignerConfig
+from streamvox.models.qwen3_tts.config import DecoderConfig
+from streamvox.models.qwen3_tts.model.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from streamvox.models.qwen3_tts.model.modules import DecoderLayer
+
+
+class _NoCache:
+    """One pass over the whole prompt: each layer attends to the keys and values it just made."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+
+class TextModel(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x `[B, T, hidden]` embeddings -> final-normed hidden states, causal, positions 0..T-1 in every row."""
+        b, t, _ = x.shape
+        positions = torch.arange(t, device=x.device).expand(b, t)
+        cos, sin = rope_cos_sin(rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta), positions, x.dtype)
+        cache = _NoCache()
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache, None)
+        return self.norm(x)
+
+
+class Thinker(nn.Module):
+    def __init__(self, cfg: AlignerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.audio_tower = AudioEncoder(cfg.audio)
+        self.model = TextModel(cfg.text)
+        self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.classify_num, bias=False)
+
+    def forward(
+        self, ids: torch.Tensor, features: torch.Tensor, frames: list[int], markers: torch.Tensor
+    ) -> torch.Tensor:
+        """ids `[B, T]` (right-padded prompts, one `<|audio_pad|>` per audio position of their clip),
+        features `[B, n_mels, F]` with each clip's valid frames, markers `[B, T]` (where the prompts'
+        `<timestamp>` tokens are) -> logits at the markers `[markers, classify_num]`, row after row."""
+        x = self.model.embed_tokens(ids)
+        audio = torch.cat(self.audio_tower(features.to(x.dtype), frames)).to(x.dtype)
+        x = x.masked_scatter((ids == self.cfg.audio_token_id)[..., None], audio)
+        return self.lm_head(self.model(x)[markers])
+
+
+class ForcedAligner(nn.Module):
+    """The checkpoint's top level (its keys start with `thinker.`)."""
+
+    def __init__(self, cfg: AlignerConfig) -> None:
+        super().__init__()
+        self.thinker = Thinker(cfg)

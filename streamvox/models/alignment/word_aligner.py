@@ -1,0 +1,24 @@
+"""What the aligning runner asks of a word aligner (PocketSphinx on the CPU, Qwen3-ForcedAligner on the GPU)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+AlignItem = tuple[np.ndarray, int, list[str]]  # (mono pcm, its sample rate, the text's whitespace-separated words)
+Spans = list[tuple[float, float]]  # (start, end) in seconds from the first sample, one per word
+
+
+class AlignmentFailed(Exception):
+    """The audio could not be aligned with the text (it does not say it, or says it too differently)."""
+
+
+class WordAligner(Protocol):
+    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
+        """Each word's span; raises `AlignmentFailed`."""
+        ...
+
+    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
+        """`align` of each item: its spans, or its `AlignmentFailed` (one item's failure is not the others')."""
+        ...
