@@ -664,16 +664,20 @@ def profile(model_dir: str) -> dict:
 # ------------------------------------------------------------------------------------------ serve
 
 
-async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -> dict:
+async def _level(url: str, concurrency: int, n: int, frames: int, client: str, timestamps: bool | None = None) -> dict:
     """One concurrency level: a warm-up round (not counted), then `n` requests by `concurrency` workers.
     `client`: "raw" (serving_bench's minimal HTTP/1.1 client, one keep-alive connection per worker) or
     "httpx" (pure-Python HTTP in this one event loop: at 16 and 64 streams its own cost shows in TTFP and
-    throughput, see RESULTS.md)."""
+    throughput, see RESULTS.md). `timestamps` True or False: SSE, with or without `word_timestamps` (raw client
+    only); None: the pcm stream."""
     import httpx
     from serving_bench import RawConnection, one_request, one_request_raw
 
     body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", "sample_rate": 24000,
             "max_new_tokens": frames, "temperature": 0.0}
+    sse = timestamps is not None
+    if sse:
+        body.update(stream_format="sse", word_timestamps=timestamps)
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         body["model"] = (await http.get("/v1/models")).json()["data"][0]["id"]
@@ -690,7 +694,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
                 try:
                     while not queue.empty():
                         queue.get_nowait()
-                        results.append(await send(body, False, 24000))
+                        results.append(await send(body, sse, 24000))
                 finally:
                     if raw is not None:
                         raw.close()
@@ -701,7 +705,10 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
 
         await run(max(concurrency, 2), concurrency)  # warm-up, not counted
         results, wall = await run(n, concurrency)
-    row: dict = {"concurrency": concurrency, "client": client, "requests": len(results)}
+    row: dict = {"concurrency": concurrency, "client": client, "requests": len(results), "sse": sse,
+                 "word_timestamps": bool(timestamps)}
+    if sse:
+        row["timestamp_events_min"] = min(r["timestamp_events"] for r in results)
     for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
                        ("rtf", [r["rtf"] for r in results]), ("stall_ms", [r["stall"] * 1000 for r in results])):
         for q in (50, 95, 99):
@@ -712,14 +719,17 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str) -
     return row
 
 
-def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str]) -> list[dict]:
+def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str],
+          aligner: str | None = None) -> list[dict]:
+    """The levels with each client; with `aligner` (a server started with `--aligner`), SSE with word timestamps
+    off, then on, at each level (raw client)."""
     from tests.helpers.server import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
     t0 = time.time()
     port = free_port()
     cmd = [sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port), "--log-level", "warning",
-           "--model", model_dir, "--max-batch", str(max_batch)]
+           "--model", model_dir, "--max-batch", str(max_batch)] + (["--aligner", aligner] if aligner else [])
     server = Server(subprocess.Popen(cmd, env={**os.environ, **env}), port, None)
     try:
         server.wait_healthy(timeout=400)  # model load + torch.compile + CUDA-graph capture
@@ -729,18 +739,20 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, client
     log(f"# server up in {time.time() - t0:.1f}s")
     rows = []
     try:
-        for client in clients:
+        runs = [("raw", False), ("raw", True)] if aligner else [(client, None) for client in clients]
+        for client, timestamps in runs:
             for c in levels:
-                row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client))
+                row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client, timestamps))
                 rows.append(row)
                 log(json.dumps(row))
     finally:
         server.stop()
-    log("\n| client | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 | E2E p99 | RTF p50 "
-        "| RTF p95 | RTF p99 | audio s/s | stall p50 ms | stall p95 |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("\n| client | word timestamps | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 "
+        "| E2E p99 | RTF p50 | RTF p95 | RTF p99 | audio s/s | stall p50 ms | stall p95 |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        log(f"| {r['client']} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
+        stamps = {None: "-", False: "off (SSE)", True: "on (SSE)"}[r["word_timestamps"] if r["sse"] else None]
+        log(f"| {r['client']} | {stamps} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
             f"| {r['ttfp_ms_p99']:.1f} "
             f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
             f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} | {r['stall_ms_p50']:.0f} "
@@ -821,6 +833,7 @@ def main() -> None:
                     help="HTTP clients that drive --serve, each over every level (default both)")
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--aligner", default=None, help="--serve: a forced-aligner checkpoint; SSE, timestamps off and on")
     ap.add_argument("--ref-runs", type=int, default=3)
     ap.add_argument("--ref-python", default=sys.executable)
     ap.add_argument("--ref-path", default="")
@@ -848,7 +861,8 @@ def main() -> None:
              ("micro", lambda: micro(args.model)),
              ("predictor_kernel", lambda: one_launch_kernel(args.model, "predictor")),
              ("talker_kernel", lambda: one_launch_kernel(args.model, "talker")),
-             ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients)),
+             ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients,
+                                     args.aligner)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:
         if not getattr(args, name):

@@ -172,12 +172,14 @@ async def one_request_raw(connection: RawConnection, body: dict, sse: bool, samp
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {b''.join([c async for c in chunks])[:300]!r}")
     buffer = b""
+    timed = 0
     async for chunk in chunks:
         if sse:
             buffer += chunk
             *events, buffer = buffer.split(b"\n\n")
             for event in events:
                 payload = _sse_decoder.decode(event[6:] if event.startswith(b"data: ") else event)
+                timed += payload.type == "speech.audio.timestamps"
                 if payload.type == "speech.audio.delta":
                     size = _b64_size(payload.audio)
                     if size and ttfp is None:
@@ -189,7 +191,7 @@ async def one_request_raw(connection: RawConnection, body: dict, sse: bool, samp
                 ttfp = time.perf_counter() - start
             playback.add(time.perf_counter(), len(chunk))
             pcm_bytes += len(chunk)
-    return _timings(start, ttfp, playback, pcm_bytes, sample_rate)
+    return {**_timings(start, ttfp, playback, pcm_bytes, sample_rate), "timestamp_events": timed}
 
 
 async def run_level(url: str, concurrency: int, num_requests: int, args) -> dict:
