@@ -72,6 +72,7 @@ class ServerEnv:
 
     realtime_idle_timeout_s: float = 1800.0  # STREAMVOX_REALTIME_IDLE_TIMEOUT_S: close an idle /v1/realtime
     speech_stream_idle_timeout_s: float = 300.0  # STREAMVOX_SPEECH_STREAM_IDLE_TIMEOUT_S: same, speech stream
+    cartesia_idle_timeout_s: float = 300.0  # STREAMVOX_CARTESIA_IDLE_TIMEOUT_S: same, /tts/websocket
     malloc_trim: bool = True  # STREAMVOX_MALLOC_TRIM=0: don't hand freed heap back to the OS when idle
 
     @classmethod

@@ -1,9 +1,10 @@
-"""Small pieces shared by the WebSocket protocols: serialised sends, bounded JSON decoding."""
+"""Small pieces shared by the WebSocket protocols: serialised sends, bounded JSON decoding, the idle timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -133,3 +134,18 @@ class Sender:
                     await self.websocket.close(code, reason)
                 except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # the client left first
                     log.debug("close failed: %s", exc)
+
+
+async def close_when_idle(sender: Sender, timeout_s: float, idle_since: Callable[[], float | None],
+                          send_error: Callable[[APIError], Awaitable[object]]) -> None:
+    """Run beside a session's reader: once `idle_since()` (a `time.monotonic()` instant; None while the
+    session is working for its client) is `timeout_s` back, send the protocol's `error` (`idle_timeout`)
+    and close with 1000."""
+    while not sender.closed:
+        await asyncio.sleep(min(1.0, timeout_s / 4))
+        since = idle_since()
+        if since is not None and time.monotonic() - since > timeout_s:
+            await send_error(APIError(400, f"The session was idle for {timeout_s:g} s and is closed.",
+                                      code="idle_timeout"))
+            await sender.close(1000, "idle timeout")
+            return

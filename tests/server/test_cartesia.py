@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -161,6 +163,73 @@ def test_cancel_stops_the_audio_within_a_chunk_and_the_socket_goes_on(server):
     assert len(socket.results["long"].audio) / 2 / RATE < 10  # the whole text is over 40 s
     check_context(socket.results["next"])
     assert active_requests(server) == 0
+
+
+def test_an_idle_socket_is_closed_but_a_long_context_is_not_cut():
+    """With a 1 s idle timeout: a silent socket gets `idle_timeout` and close 1000; a context whose audio takes
+    longer (its client reads slowly) is spoken whole, and its socket's idle time starts when it ends; a socket
+    that keeps sending stays open."""
+    server = start_server(api_key=KEY, env={"STREAMVOX_CARTESIA_IDLE_TIMEOUT_S": "1"})
+
+    async def closed_when_idle(ws) -> tuple[dict, int]:
+        error = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        with pytest.raises(websockets.ConnectionClosedOK) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+        return error, closed.value.rcvd.code
+
+    async def silent() -> tuple[dict, int, float]:
+        async with connect(server) as ws:
+            start = time.monotonic()
+            error, code = await closed_when_idle(ws)
+            return error, code, time.monotonic() - start
+
+    async def chatty() -> Socket:
+        async with connect(server) as ws:
+            chat = Socket(ws)
+            for i in range(8):  # a message every 0.4 s, 3 s in all; whitespace is done without audio
+                await chat.send(f"blank-{i}", " ", False)
+                await chat.until_ended(f"blank-{i}")
+                await asyncio.sleep(0.4)
+            await chat.send("last", "Still here.", False)
+            await chat.until_ended("last")
+            return chat
+
+    async def slow_reader() -> tuple[Socket, int, float, dict, int]:
+        async with websockets.connect(f"{server.ws_url}/tts/websocket", additional_headers={"X-API-Key": KEY},
+                                      max_size=None, max_queue=1) as ws:
+            ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            reader = Socket(ws, rate=2 * RATE)
+            await reader.send("long", LONG_TEXT, False,  # ~22 MB of audio: far more than socket buffers hold
+                              output_format={"container": "raw", "encoding": "pcm_f32le", "sample_rate": 2 * RATE})
+            sent = time.monotonic()
+            while time.monotonic() - sent < 2.5:
+                await reader.receive()
+                await asyncio.sleep(0.05)
+            read_slowly = len(reader.results["long"].audio)
+            await reader.until_ended("long")
+            ended = time.monotonic()
+            error, code = await closed_when_idle(ws)
+            return reader, read_slowly, time.monotonic() - ended, error, code
+
+    async def run():
+        return await asyncio.gather(silent(), chatty(), slow_reader())
+
+    try:
+        (error, code, waited), chat, slow = asyncio.run(run())
+    finally:
+        server.stop()
+    reader, read_slowly, idle_after_end, reader_error, reader_code = slow
+    assert error["type"] == "error" and error["code"] == "idle_timeout" and error["context_id"] is None, error
+    assert error["done"] is False and code == 1000 and 1.0 <= waited < 5, (error, code, waited)
+    assert None not in chat.results and all(m["type"] != "error" for r in chat.results.values() for m in r.messages)
+    check_context(chat.results["last"])
+    long = reader.results["long"]
+    assert [m["type"] for m in long.messages].count("done") == 1 and long.end["type"] == "done", long.messages[-3:]
+    assert len(long.audio) / 4 / (2 * RATE) > 40  # the whole text (f32 samples), not cut
+    # what was left after the slow reads exceeds what loopback socket buffers hold (Linux: 4 MiB sent, 16 KiB
+    # received here), so the context was still sending well past the timeout
+    assert len(long.audio) - read_slowly > 8 << 20, (len(long.audio), read_slowly)
+    assert reader_error["code"] == "idle_timeout" and reader_code == 1000 and idle_after_end >= 0.9
 
 
 def test_closing_the_socket_cancels_its_contexts(server):

@@ -10,13 +10,16 @@ whose audio ends before its input does (a length limit) drops the text still sen
 when its input ends.
 
 Limits (per socket): a message is at most 1 MiB, a transcript 65536 characters and a context 200000; at most
-64 contexts are open at once.
+64 contexts are open at once. With no client message for 300 s (`STREAMVOX_CARTESIA_IDLE_TIMEOUT_S`) while no
+context with complete input is being spoken, the server sends an `error` (`idle_timeout`, `context_id: null`)
+and closes with 1000.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -37,7 +40,7 @@ from streamvox.server.cartesia.params import (
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.middleware import engine_request_id
-from streamvox.server.websocket import Sender, accept_when_ready, text_size
+from streamvox.server.websocket import Sender, accept_when_ready, close_when_idle, text_size
 
 log = logging.getLogger(__name__)
 
@@ -68,23 +71,29 @@ class Context:
 class CartesiaSession:
     """One socket: reads messages, runs each context in a task of its own."""
 
-    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics) -> None:
+    def __init__(self, websocket: WebSocket, engine: AsyncEngine, metrics: Metrics, idle_timeout_s: float) -> None:
         self.websocket = websocket
         self.engine = engine
         self.metrics = metrics
+        self.idle_timeout_s = idle_timeout_s
         self.sender = Sender(websocket, engine.max_buffered_audio_s)
         self.contexts: dict[str, Context] = {}  # open: input or audio still to come
         self.tasks: set[asyncio.Task] = set()
+        self.last_activity = time.monotonic()  # the latest client message or end of a context's speech
 
     async def run(self) -> None:
         self.metrics.sessions.inc()
+        watchdog = asyncio.create_task(close_when_idle(self.sender, self.idle_timeout_s, self._idle_since,
+                                                       lambda error: self.send_error(None, error)))
         try:
             while not self.sender.closed:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
+                self.last_activity = time.monotonic()
                 await self.handle(message)
         finally:  # the client left (or stopped reading): every context stops
+            watchdog.cancel()
             for context in list(self.contexts.values()):
                 self.cancel(context)
             for task in self.tasks:
@@ -92,6 +101,14 @@ class CartesiaSession:
             if self.tasks:
                 await asyncio.wait(self.tasks)
             self.metrics.sessions.dec()
+
+    def _idle_since(self) -> float | None:
+        """None while a context with complete input is being spoken (one still taking input waits on the
+        client)."""
+        for context in self.contexts.values():
+            if context.input_done and context.task is not None and not context.task.done():
+                return None
+        return self.last_activity
 
     async def handle(self, message: dict) -> None:
         try:
@@ -199,6 +216,8 @@ class CartesiaSession:
                 self.cancel(context)
                 await self.send_error(context.id, APIError(500, "The server failed while speaking the context.",
                                                            code="server_error"))
+        finally:
+            self.last_activity = time.monotonic()
 
     async def _speak(self, context: Context) -> None:
         await self.engine.turns.wait(_ADMISSION_COST_MS)
@@ -278,5 +297,5 @@ async def cartesia_websocket(websocket: WebSocket) -> None:
     if not await accept_when_ready(websocket):
         return
     state = websocket.app.state.streamvox
-    session = CartesiaSession(websocket, state.engine, state.metrics)
+    session = CartesiaSession(websocket, state.engine, state.metrics, state.settings.env.cartesia_idle_timeout_s)
     await session.sender.serve(session.run())

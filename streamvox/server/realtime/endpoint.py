@@ -44,7 +44,7 @@ from streamvox.server.realtime.responses import Responses
 from streamvox.server.realtime.session import SessionState
 from streamvox.server.realtime.spoken_words import heard_transcript
 from streamvox.server.realtime.turns import AudioTurns, ThinkerReplies
-from streamvox.server.websocket import OFFLOAD_BYTES, accept_when_ready, decode_json_event
+from streamvox.server.websocket import OFFLOAD_BYTES, accept_when_ready, close_when_idle, decode_json_event
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ class RealtimeSession:
     async def run(self) -> None:
         s = self.state
         s.metrics.sessions.inc()
-        watchdog = asyncio.create_task(self._watch_idle())
+        watchdog = asyncio.create_task(close_when_idle(s.sender, self.idle_timeout_s, self._idle_since,
+                                                       lambda error: s.send_error(error, None)))
         try:
             await s.send("session.created", session=self.session_object())
             while True:
@@ -129,16 +130,10 @@ class RealtimeSession:
             await self.state.send_error(APIError(500, "The server failed to handle the event.",
                                                  code="server_error"), client_event_id)
 
-    async def _watch_idle(self) -> None:
-        timeout = self.idle_timeout_s
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            idle_since = max(self.last_activity, self.responses.ended_at)
-            if self.responses.current is None and time.monotonic() - idle_since > timeout:
-                await self.state.send_error(APIError(400, f"The session was idle for {timeout:g} s and is closed.",
-                                                     code="idle_timeout"), None)
-                await self.state.sender.close(1000, "idle timeout")
-                return
+    def _idle_since(self) -> float | None:
+        if self.responses.current is not None:
+            return None
+        return max(self.last_activity, self.responses.ended_at)
 
     # session and input audio
 

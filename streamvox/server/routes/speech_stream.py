@@ -51,7 +51,7 @@ from streamvox.server.audio_out import AudioOut, SpeechStats
 from streamvox.server.errors import APIError
 from streamvox.server.metrics import Metrics
 from streamvox.server.speech_params import SETTINGS_FIELDS, check_model, parse_speech_settings, reject_unknown
-from streamvox.server.websocket import Sender, accept_when_ready, decode_json_event
+from streamvox.server.websocket import Sender, accept_when_ready, close_when_idle, decode_json_event
 from streamvox.server.word_timestamps import UtteranceTimings
 from streamvox.settings import MediaPolicy, ServerSettings
 from streamvox.text_split import TextSplitter
@@ -136,7 +136,9 @@ class SpeechStreamSession:
     async def run(self) -> None:
         self.metrics.sessions.inc()
         worker = asyncio.create_task(self._worker())
-        watchdog = asyncio.create_task(self._watch_idle())
+        watchdog = asyncio.create_task(close_when_idle(
+            self.sender, self.idle_timeout_s, self._idle_since,
+            lambda error: self.send_error(error.message, error.code, error.param)))
         try:
             while not self.sender.closed:
                 message = await self.websocket.receive()
@@ -169,15 +171,12 @@ class SpeechStreamSession:
         await worker
         await self.sender.close(1000, "session closed")
 
-    async def _watch_idle(self) -> None:
-        while True:
-            await asyncio.sleep(min(1.0, self.idle_timeout_s / 4))
-            speaking = self.active is not None and (self.active.input_done or self.active.cancelled)
-            if not speaking and time.monotonic() - self.last_activity > self.idle_timeout_s:
-                await self.send_error(f"No message for {self.idle_timeout_s:g} s; the session is closed.",
-                                      "idle_timeout")
-                await self.sender.close(1000, "idle timeout")
-                return
+    def _idle_since(self) -> float | None:
+        """None while an utterance with complete input is being spoken (one still taking input waits on the
+        client)."""
+        if self.active is not None and (self.active.input_done or self.active.cancelled):
+            return None
+        return self.last_activity
 
     # client messages
 
