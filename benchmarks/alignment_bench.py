@@ -12,9 +12,17 @@ of audio. `--aligner` is "pocketsphinx" or a Qwen3-ForcedAligner-0.6B directory 
 `--latency` times instead what serving pays per clause on the device: batches of N clauses
 (`--streams`, one clause per stream) of typical length (2-4 s of audio, 6-12 words), each one
 `align_batch` (features, one forward, the timings read back), after warm-up; p50 and p95 ms per
-batch (target: p50 <= 15 ms at 16 streams). Examples:
+batch (target: p50 <= 15 ms at 16 streams).
+
+`--streaming` measures the serving runner's incremental path (`AligningRunner`): requests of
+`--join` consecutive corpus sentences, each request's audio fed in `--chunk` s chunks (its text
+whole at the start, as a request's input is), the aligner keeping up. It reports the start error of
+the words committed while the request spoke and of those only aligned at its end, and how early
+words were committed: the mean lead (the request's audio end minus the audio sent when the word's
+timing was sent) and the share committed before the end. Examples:
 
   python benchmarks/alignment_bench.py --aligner pocketsphinx
+  python benchmarks/alignment_bench.py --aligner pocketsphinx --streaming
   python benchmarks/make_real_shape_checkpoint.py --aligner --out /tmp/fa-0.6b
   python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --streams 1 16
 """
@@ -166,6 +174,99 @@ def latency(args, sentences: list[str], espeak: EspeakLibrary, aligner: WordAlig
     return figures
 
 
+def _error_figures(errors_ms: list[float]) -> dict:
+    errors = np.array(errors_ms) if errors_ms else np.zeros(1)
+    return {"words_scored": len(errors_ms), "mean_abs_error_ms": round(float(errors.mean()), 1),
+            "p95_ms": round(float(np.percentile(errors, 95)), 1), "max_ms": round(float(errors.max()), 1)}
+
+
+def streaming(args, sentences: list[str], espeak: EspeakLibrary, aligner: WordAligner) -> dict:
+    from streamvox.contract import ModelInfo, SpeechRequest
+    from streamvox.models.alignment.runner import AligningRunner
+
+    rate = espeak.sample_rate
+    chunk = int(args.chunk * rate)
+
+    class Speaker:  # one request at a time: its audio, a chunk a step
+        info = ModelInfo(name="bench", family="bench", sample_rate=rate, voices=["v"], default_voice="v")
+        chunks: list[np.ndarray] = []
+
+        def add(self, request):
+            pass
+
+        def feed_text(self, request_id, text):
+            pass
+
+        def end_input(self, request_id):
+            pass
+
+        def release(self, request_id):
+            self.chunks = []
+
+        def has_work(self):
+            return self.chunks is not None
+
+        def step(self, sink):
+            if self.chunks:
+                sink.audio("r", self.chunks.pop(0))
+            else:
+                self.chunks = None
+                sink.finished("r", "stop", 0, 0)
+
+    class Sink:
+        def __init__(self):
+            self.sent = 0
+            self.timed: list[tuple[float, float]] = []  # (start, audio sent when it was sent)
+            self.done = False
+
+        def audio(self, request_id, pcm):
+            self.sent += len(pcm)
+
+        def words(self, request_id, timings):
+            self.timed += [(start, self.sent / rate) for start in timings.start]
+
+        def finished(self, request_id, *args):
+            self.done = True
+
+        def failed(self, request_id, error):
+            self.done = True
+
+    speaker = Speaker()
+    runner = AligningRunner(speaker, aligner)
+    early_ms, late_ms, leads = [], [], []
+    words_total = words_early = requests_short = 0
+    for i in range(0, len(sentences) - args.join + 1, args.join):
+        text = " ".join(sentences[i : i + args.join])
+        pcm, events = synthesise(espeak, text)
+        reference = reference_starts(text, events, rate)
+        speaker.chunks = [pcm[k : k + chunk] for k in range(0, len(pcm), chunk)]
+        sink = Sink()
+        runner.add(SpeechRequest(request_id="r", text=text, word_timestamps=True))
+        while not sink.done:
+            runner.step(sink)
+            while runner._in_flight and runner._results.empty():  # an aligner that keeps up
+                time.sleep(0.0005)
+        duration = len(pcm) / rate
+        words_total += len(reference)
+        requests_short += len(sink.timed) < len(reference)
+        for (start, sent), truth in zip(sink.timed, reference, strict=False):
+            before_end = sent < duration
+            words_early += before_end
+            leads.append(duration - sent)
+            if truth is not None:
+                (early_ms if before_end else late_ms).append(abs(start - truth) * 1000)
+    runner.close()
+    return {
+        "requests": len(range(0, len(sentences) - args.join + 1, args.join)), "sentences_per_request": args.join,
+        "chunk_s": args.chunk, "words": words_total, "requests_without_every_timing": requests_short,
+        "committed_while_speaking": _error_figures(early_ms), "aligned_at_the_end": _error_figures(late_ms),
+        "all": _error_figures(early_ms + late_ms),
+        "share_committed_before_the_end": round(words_early / max(words_total, 1), 3),
+        "mean_lead_s": round(float(np.mean(leads)), 2) if leads else None,  # all words with a timing
+        "mean_lead_s_of_those_before_the_end": round(float(np.mean([x for x in leads if x > 0] or [0])), 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--aligner", default="pocketsphinx", help="'pocketsphinx' or a Qwen3-ForcedAligner directory")
@@ -176,6 +277,9 @@ def main() -> int:
     parser.add_argument("--voice", default="en-us")
     parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
     parser.add_argument("--latency", action="store_true", help="time batches of clauses instead of accuracy")
+    parser.add_argument("--streaming", action="store_true", help="the runner's incremental path instead")
+    parser.add_argument("--join", type=int, default=4, help="--streaming: corpus sentences per request")
+    parser.add_argument("--chunk", type=float, default=0.2, help="--streaming: seconds of audio per chunk")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 16], help="--latency: clauses per batch")
     parser.add_argument("--warmup", type=int, default=10, help="--latency: untimed batches first")
     parser.add_argument("--iterations", type=int, default=100, help="--latency: timed batches")
@@ -189,8 +293,8 @@ def main() -> int:
     figures = {"aligner": args.aligner}
     if hasattr(aligner, "device"):
         figures.update(device=str(aligner.device), dtype=str(aligner.dtype).removeprefix("torch."))
-    figures.update(latency(args, sentences, espeak, aligner) if args.latency
-                   else accuracy(args, sentences, espeak, aligner))
+    measure = latency if args.latency else streaming if args.streaming else accuracy
+    figures.update(measure(args, sentences, espeak, aligner))
     figures["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}"
     if figures.get("device", "").startswith("cuda"):
         import torch

@@ -6,6 +6,11 @@ come between them), on 16 kHz audio in 10 ms frames. Words the dictionary lacks,
 every number, get eSpeak's pronunciation (`pronunciation.py`). Synthetic speech sits
 far from what the acoustic model was trained on, so the beams are much wider than
 PocketSphinx's defaults (with them, alignment of eSpeak's voice fails outright).
+
+The grammar is the text's words in order, with optional silence only after a word that ends in
+punctuation (a sentence's or clause's pause: without it, the search loses its way across a
+sentence break). With `open_end`, the audio may stop before the text does: the grammar may end
+after any word, and the words it does not reach get empty spans at the audio's end.
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ _PAUSE_FRAMES = 8  # silent 10 ms frames at a word's edge that make a pause, not
 _ONSET_FRAMES = 1  # of silence kept before a word's sound after a pause (a synthesiser starts the word there)
 _SILENCE_DB = -34  # a frame this far below the loud frames' level is silent
 _MAX_ADDED_WORDS = 100_000  # pronunciations added for words outside the dictionary, before starting over
+_PAUSING = ".,;:!?"  # a word ending in one of these may be followed by silence
+_EXIT_PROB = 0.1  # open end: the grammar's chance of ending after each word
+# Open end: the last word reached ends at most this long before the audio's sound does. A search that lost
+# its way takes an early exit, its last word stretched over all the rest (and then cut at a pause inside).
+# Nor does any word it reaches sound longer than a slow speaker's reading of it.
+_OPEN_END_SLACK_S = 0.3
+_MAX_PAUSE_SOUND_S = 0.1  # of sound in a pause it finds
+_MAX_WORD_S, _MAX_PHONE_S = 0.6, 0.2  # a word's longest span: the larger of these, the second per phone
 
 
 class PocketsphinxAligner:
@@ -44,12 +57,13 @@ class PocketsphinxAligner:
         return self._pocketsphinx.Decoder(lm=None, samprate=RATE, fsgusefiller=False, bestpath=False,
                                           loglevel="FATAL")
 
-    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
+    def align(self, pcm: np.ndarray, sample_rate: int, words: list[str], open_end: bool = False) -> Spans:
         """(start, end) in seconds from the first sample of `pcm` for each of `words` (the text's
         whitespace-separated words, verbatim). A word with nothing to say ("-") gets an empty span
-        where the previous word ended. Raises `AlignmentFailed`."""
+        where the previous word ended; with `open_end`, so does each word after the last one the
+        audio reaches, at the audio's end. Raises `AlignmentFailed`."""
         entries = [self._entry(word) for word in words]
-        said = [entry for entry in entries if entry is not None]
+        said = [(entry, word) for entry, word in zip(entries, words, strict=True) if entry is not None]
         if not said:
             return [(0.0, 0.0)] * len(words)
         audio = soxr.resample(pcm.astype(np.float32), sample_rate, RATE) if sample_rate != RATE else pcm
@@ -63,19 +77,22 @@ class PocketsphinxAligner:
         last = min(len(loud), int(sounding[-1]) + 1 + _MARGIN_FRAMES)
         audio, loud = audio[first * _FRAME : last * _FRAME], loud[first:last]
         data = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        decoder = self._decoder
-        try:
-            decoder.set_align_text(" ".join(said))
-            decoder.start_utt()
-            decoder.process_raw(data, full_utt=True)
-            decoder.end_utt()
-        except RuntimeError as error:
-            raise AlignmentFailed(str(error)) from error
         offset = first * _FRAME_S
-        spans = [(round(start + offset, 3), round(end + offset, 3))
-                 for start, end in self._word_spans(decoder.seg() or [], loud)]
-        if len(spans) != len(said):
+        speech_end = (int(sounding[-1]) + 1) * _FRAME_S
+        # A pause in the grammar loses the search in some sentences, and its absence in others (across a
+        # sentence break): the whole text is tried without pauses first, an open end with them first.
+        for pauses in (True, False) if open_end else (False, True):
+            segments = self._search(data, said, open_end, pauses)
+            found = self._word_spans(segments, loud)
+            spans = [(round(start + offset, 3), round(end + offset, 3)) for start, end, _ in found]
+            if open_end and spans and self._plausible_prefix(found, said, speech_end - offset) and \
+                    _quiet_pauses(segments, loud):
+                break
+            if not open_end and len(spans) == len(said):
+                break
+        else:
             raise AlignmentFailed(f"aligned {len(spans)} of {len(said)} words")
+        spans += [(round(len(pcm) / sample_rate, 3),) * 2] * (len(said) - len(spans))
         out, previous_end, spans_iter = [], 0.0, iter(spans)
         for entry in entries:
             if entry is None:
@@ -86,28 +103,73 @@ class PocketsphinxAligner:
             previous_end = end
         return out
 
-    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
+    def align_batch(self, items: list[AlignItem], open_end: list[bool] | None = None) -> list[Spans | AlignmentFailed]:
         """`align` of each item in turn: its spans, or its `AlignmentFailed`."""
         results: list[Spans | AlignmentFailed] = []
-        for pcm, sample_rate, words in items:
+        for i, (pcm, sample_rate, words) in enumerate(items):
             try:
-                results.append(self.align(pcm, sample_rate, words))
+                results.append(self.align(pcm, sample_rate, words, bool(open_end and open_end[i])))
             except AlignmentFailed as error:
                 results.append(error)
         return results
 
-    def _word_spans(self, segments, loud: np.ndarray) -> list[tuple[float, float]]:
-        """The aligned words' (start, end) in seconds, without the pauses PocketSphinx put inside them.
+    def _plausible_prefix(self, found: list[tuple[float, float, float]], said: list[tuple[str, str]],
+                          speech_end: float) -> bool:
+        """Whether an open-ended search's words `found` (the first of `said`) look like the words the audio
+        holds, not a search that lost its way."""
+        if len(found) > len(said) or (len(found) < len(said) and found[-1][1] < speech_end - _OPEN_END_SLACK_S):
+            return False
+        for (_, _, sounding), (entry, _) in zip(found, said, strict=False):
+            phones = len((self._decoder.lookup_word(entry) or "").split())
+            if sounding > max(_MAX_WORD_S, _MAX_PHONE_S * phones):
+                return False
+        return True
 
-        The grammar has no silence between words (with one, PocketSphinx loses its way in synthetic
-        speech), so a pause joins a neighbouring word, in part or whole: a word whose sound lies after
-        (before) a pause inside it starts (ends) at that pause's end (start).
+    def _search(self, data: bytes, said: list[tuple[str, str]], open_end: bool, pauses: bool) -> list:
+        """PocketSphinx's segments for 16-bit 16 kHz `data` in the words' grammar."""
+        decoder = self._decoder
+        try:
+            decoder.add_fsg("align", self._grammar(said, open_end, pauses))
+            decoder.activate_search("align")
+            decoder.start_utt()
+            decoder.process_raw(data, full_utt=True)
+            decoder.end_utt()
+        except RuntimeError as error:
+            raise AlignmentFailed(str(error)) from error
+        return list(decoder.seg() or [])
+
+    def _grammar(self, said: list[tuple[str, str]], open_end: bool, pauses: bool):
+        """The words' grammar: in order, silence allowed after punctuation, and (open end) an exit after each.
+
+        State 2i is before word i; a pause after word i is the way from state 2i+1 to 2i+2 through
+        silence (else a null step)."""
+        final = 2 * len(said)
+        stay = 1.0 - _EXIT_PROB if open_end else 1.0
+        transitions = []
+        for i, (entry, word) in enumerate(said):
+            transitions.append((2 * i, 2 * i + 1, stay if i else 1.0, entry))
+            if pauses and word[-1] in _PAUSING and i < len(said) - 1:
+                transitions += [(2 * i + 1, 2 * i + 2, 0.5, "<sil>"), (2 * i + 1, 2 * i + 2, 0.5)]
+            else:
+                transitions.append((2 * i + 1, 2 * i + 2, 1.0))
+            if open_end and 0 < i < len(said) - 1:
+                transitions.append((2 * i + 1, final, _EXIT_PROB))
+        return self._decoder.create_fsg("align", 0, final, transitions)
+
+    def _word_spans(self, segments, loud: np.ndarray) -> list[tuple[float, float, float]]:
+        """The aligned words' (start, end) in seconds, without the pauses PocketSphinx put inside them, and how
+        long the sound it gave each word lasts.
+
+        The grammar has silence at most after punctuation (silence between every two words makes
+        PocketSphinx lose its way in synthetic speech), so a pause joins a neighbouring word, in part or
+        whole: a word whose sound lies after (before) a pause inside it starts (ends) at that pause's end (start).
         """
         spans = []
         for segment in segments:
-            if segment.word in ("<s>", "</s>", "<sil>") or segment.word.startswith("["):
+            if segment.word in ("<s>", "</s>", "<sil>", "(NULL)") or segment.word.startswith("["):
                 continue
             first, last = segment.start_frame, min(segment.end_frame, len(loud) - 1)
+            sounding = float(loud[first : last + 1].sum()) * _FRAME_S
             pause = _longest_pause(loud[first : last + 1])
             if pause is not None:
                 pause_start, pause_end = first + pause[0], first + pause[1]
@@ -115,7 +177,7 @@ class PocketsphinxAligner:
                     first = max(first, pause_end - _ONSET_FRAMES)
                 else:
                     last = pause_start - 1
-            spans.append((first * _FRAME_S, (last + 1) * _FRAME_S))
+            spans.append((first * _FRAME_S, (last + 1) * _FRAME_S, sounding))
         return spans
 
     def _entry(self, word: str) -> str | None:
@@ -157,6 +219,12 @@ def _loud_frames(audio: np.ndarray) -> np.ndarray:
     return rms > level * 10 ** (_SILENCE_DB / 20)
 
 
+def _quiet_pauses(segments, loud: np.ndarray) -> bool:
+    """Whether the silence PocketSphinx found holds little sound (else it hid words there, lost)."""
+    return all(float(loud[s.start_frame : s.end_frame + 1].sum()) * _FRAME_S <= _MAX_PAUSE_SOUND_S
+               for s in segments if s.word == "<sil>")
+
+
 def _longest_pause(loud: np.ndarray) -> tuple[int, int] | None:
     """(start, end) of the longest run of at least `_PAUSE_FRAMES` silent frames, else None."""
     edges = np.flatnonzero(np.diff(np.concatenate(([1], loud.astype(np.int8), [1]))))
@@ -165,3 +233,4 @@ def _longest_pause(loud: np.ndarray) -> tuple[int, int] | None:
         return None
     longest = runs[np.argmax(runs[:, 1] - runs[:, 0])]
     return (int(longest[0]), int(longest[1])) if longest[1] - longest[0] >= _PAUSE_FRAMES else None
+

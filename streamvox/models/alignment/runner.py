@@ -1,17 +1,25 @@
 """Word timings for a model that cannot time its own words: its audio, aligned with its text.
 
 `AligningRunner` wraps a model's runner. Requests that ask for `word_timestamps` have their
-audio (as it is sent, untouched and undelayed) and their text kept; once such a request's audio
-is complete, a worker thread aligns the two, and the request's timings are sent, then its end.
-The worker takes every request waiting when it comes round (up to `_MAX_BATCH`) and aligns them
-together (`align_batch`: one forward of a GPU aligner).
+audio (as it is sent, untouched and undelayed) and their text kept, and a worker thread aligns
+them while they speak: every `STEP_S` seconds of new audio, the audio since the last committed
+word's start with the words from there to the end of the text fed so far (a partial job). Words
+that two partial alignments in a row agree on, and that end well before the aligned audio does,
+are committed: their timings are sent at once (`stable_prefix.py`). The next job starts at the
+last committed word, aligned again but not sent again: an aligner's word ends are looser than its
+starts, and audio cut at an end that is a little early begins with a sound of no word it is given.
+Once a request's audio is complete, a final job aligns the rest, and its timings are sent, then
+its end. The worker takes every job waiting when it comes round (up to `_MAX_BATCH`) and
+aligns them together (`align_batch`: one forward of a GPU aligner).
 The audio path never waits on alignment: only the request's end does. Audio that cannot be
-aligned gets no timings at all (never guessed ones), and the request ends normally.
+aligned gets no timings at all (never guessed ones), and the request ends normally; a request
+released before its end keeps the timings already sent.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import re
 import threading
@@ -21,25 +29,51 @@ import msgspec
 import numpy as np
 
 from streamvox.contract import OutputSink, RequestError, Runner, SpeechRequest, WordTimings
-from streamvox.models.alignment.word_aligner import AlignmentFailed, WordAligner
+from streamvox.models.alignment.stable_prefix import STEP_S, bounded, shifted, stable_count, uncommitted_starts
+from streamvox.models.alignment.word_aligner import AlignmentFailed, Spans, WordAligner
 
 log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"\S+")
 _IDLE_WAIT_S = 0.005  # how long a step waits for an alignment when the model has nothing to do
-_MAX_BATCH = 32  # requests aligned together
+_MAX_BATCH = 32  # jobs aligned together
+# A partial job takes at most this many words per second of its audio (plus a few): faster than anyone
+# speaks, so it holds every word the audio does, but not a long text's far tail.
+_MAX_WORDS_PER_S, _SPARE_WORDS = 6, 4
 
 
 @dataclass
 class _Timed:
     text: str
-    audio: list[np.ndarray] = field(default_factory=list)
+    text_complete: bool
+    chunks: list[np.ndarray] = field(default_factory=list)  # the audio from the last committed word's start on
+    held: int = 0  # samples in `chunks`
+    base: int = 0  # where `chunks` start, in samples from the request's first
+    committed: int = 0  # words whose timings were sent
+    floor: float = 0.0  # where the last of them ends (s): no later word starts before it
+    partial_at: int = 0  # samples received when its last partial job was queued
+    busy: bool = False  # one of its jobs is being aligned
+    previous: dict[int, float] = field(default_factory=dict)  # uncommitted word -> start in the last partial
+    ended: tuple[str, int, int] | None = None  # its audio is complete: its `finished` arguments
+
+
+@dataclass
+class _Job:
+    request_id: str
+    timed: _Timed
+    first: int  # index of its first word in the request's words (the last committed one, if any)
+    words: list[re.Match]
+    floor: float  # where the committed words end (s)
+    pcm: np.ndarray
+    offset: float  # where `pcm` starts, in seconds from the request's first sample
+    end: float  # where it ends
+    final: bool
 
 
 @dataclass
 class _Aligned:
-    request_id: str
-    timings: WordTimings | None
+    job: _Job
+    spans: Spans | None  # None: the job's audio could not be aligned
 
 
 class AligningRunner:
@@ -49,9 +83,9 @@ class AligningRunner:
         self.runner = runner
         self.info = msgspec.structs.replace(runner.info, word_timestamps=True)
         self._aligner = aligner
-        self._timed: dict[str, _Timed] = {}  # requests that asked for timings, while the model speaks them
-        self._ending: dict[str, tuple[str, int, int]] = {}  # spoken, being aligned: their `finished` arguments
-        self._jobs: queue.SimpleQueue[tuple[str, np.ndarray, str] | None] = queue.SimpleQueue()
+        self._timed: dict[str, _Timed] = {}  # requests that asked for timings, until they end
+        self._in_flight = 0  # jobs queued and not yet collected (those of released requests too)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[_Aligned] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._align_jobs, name="aligner", daemon=True)
         self._worker.start()
@@ -61,7 +95,7 @@ class AligningRunner:
     def add(self, request: SpeechRequest) -> None:
         self.runner.add(request)
         if request.word_timestamps:
-            self._timed[request.request_id] = _Timed(request.text)
+            self._timed[request.request_id] = _Timed(request.text, request.text_complete)
 
     def feed_text(self, request_id: str, text: str) -> None:
         if (timed := self._timed.get(request_id)) is not None:
@@ -69,15 +103,16 @@ class AligningRunner:
         self.runner.feed_text(request_id, text)
 
     def end_input(self, request_id: str) -> None:
+        if (timed := self._timed.get(request_id)) is not None:
+            timed.text_complete = True
         self.runner.end_input(request_id)
 
     def release(self, request_id: str) -> None:
-        self._timed.pop(request_id, None)
-        self._ending.pop(request_id, None)  # its alignment, when done, is dropped
+        self._timed.pop(request_id, None)  # its jobs' results, when done, are dropped
         self.runner.release(request_id)
 
     def has_work(self) -> bool:
-        return self.runner.has_work() or bool(self._ending)
+        return self.runner.has_work() or self._in_flight > 0
 
     def step(self, sink: OutputSink) -> None:
         if self.runner.has_work():
@@ -85,18 +120,14 @@ class AligningRunner:
             wait = 0.0
         else:
             wait = _IDLE_WAIT_S
-        while self._ending:
+        while self._in_flight:
             try:
                 result = self._results.get(timeout=wait) if wait else self._results.get_nowait()
             except queue.Empty:
                 return
             wait = 0.0
-            ended = self._ending.pop(result.request_id, None)
-            if ended is None:  # released meanwhile
-                continue
-            if result.timings is not None and len(result.timings):
-                sink.words(result.request_id, result.timings)
-            sink.finished(result.request_id, *ended)
+            self._in_flight -= 1
+            self._collect(result, sink)
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -107,17 +138,94 @@ class AligningRunner:
         """Everything else (voice cloning, fds to wait on) is the wrapped runner's."""
         return getattr(self.runner, name)
 
-    # alignment
+    # the requests' jobs (engine thread)
+
+    def _heard(self, request_id: str, pcm: np.ndarray) -> None:
+        """More of a request's audio: a partial job, when `STEP_S` more has come and none of its jobs runs."""
+        timed = self._timed.get(request_id)
+        if timed is None:
+            return
+        timed.chunks.append(np.array(pcm, dtype=np.float32))
+        timed.held += len(pcm)
+        self._queue_partial(request_id, timed)
+
+    def _queue_partial(self, request_id: str, timed: _Timed) -> None:
+        received = timed.base + timed.held
+        if timed.busy or timed.ended or received - timed.partial_at < STEP_S * self.info.sample_rate:
+            return
+        words = list(_WORD.finditer(timed.text))
+        if not timed.text_complete and words and words[-1].end() == len(timed.text):
+            words.pop()  # may still grow
+        most = timed.committed + math.ceil(timed.held / self.info.sample_rate * _MAX_WORDS_PER_S) + _SPARE_WORDS
+        if len(words) > timed.committed:
+            timed.partial_at = received
+            self._queue(request_id, timed, words[: most], final=False)
 
     def _spoken(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> bool:
         """The model finished a request: True if its end waits for its alignment."""
-        timed = self._timed.pop(request_id, None)
+        timed = self._timed.get(request_id)
         if timed is None:
             return False
-        audio = np.concatenate(timed.audio) if timed.audio else np.zeros(0, np.float32)
-        self._ending[request_id] = (reason, input_tokens, output_tokens)
-        self._jobs.put((request_id, audio, timed.text))
+        timed.ended = (reason, input_tokens, output_tokens)
+        return timed.busy or self._queue_final(request_id, timed)
+
+    def _queue_final(self, request_id: str, timed: _Timed) -> bool:
+        """Its last job, if words are left (True), else the request is done with (False)."""
+        words = list(_WORD.finditer(timed.text))
+        if len(words) == timed.committed:
+            del self._timed[request_id]
+            return False
+        self._queue(request_id, timed, words, final=True)
         return True
+
+    def _queue(self, request_id: str, timed: _Timed, words: list[re.Match], final: bool) -> None:
+        """A job for `words` from the last committed one on (`words`: the request's, so far)."""
+        first = max(timed.committed - 1, 0)
+        if len(timed.chunks) > 1:
+            timed.chunks = [np.concatenate(timed.chunks)]
+        pcm = timed.chunks[0] if timed.chunks else np.zeros(0, np.float32)
+        rate = self.info.sample_rate
+        timed.busy = True
+        self._in_flight += 1
+        self._jobs.put(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,
+                            (timed.base + len(pcm)) / rate, final))
+
+    def _collect(self, result: _Aligned, sink: OutputSink) -> None:
+        job = result.job
+        timed = job.timed
+        if self._timed.get(job.request_id) is not timed:  # released (or failed) meanwhile
+            return
+        timed.busy = False
+        if result.spans is not None:
+            skip = timed.committed - job.first  # the committed word it starts at
+            spans = bounded(shifted(result.spans[skip:], job.offset), job.floor, job.end)
+            first, words = timed.committed, job.words[skip:]
+            count = len(spans) if job.final else stable_count(spans, timed.previous, first, job.end)
+            if count:
+                sink.words(job.request_id, _timings(words[:count], spans[:count]))
+                self._commit(timed, count, *spans[count - 1])
+            if not job.final:
+                timed.previous = uncommitted_starts(spans, first, count)
+        if job.final:
+            del self._timed[job.request_id]
+            sink.finished(job.request_id, *timed.ended)
+        elif timed.ended:
+            if not self._queue_final(job.request_id, timed):
+                sink.finished(job.request_id, *timed.ended)
+        else:
+            self._queue_partial(job.request_id, timed)
+
+    def _commit(self, timed: _Timed, count: int, start: float, end: float) -> None:
+        """`count` more words are sent, the last spoken from `start` to `end` s: the audio before it is dropped."""
+        timed.committed += count
+        timed.floor = end
+        cut = min(max(round(start * self.info.sample_rate) - timed.base, 0), timed.held)
+        if cut and timed.chunks:
+            timed.chunks = [timed.chunks[0][cut:]] if len(timed.chunks) == 1 else [np.concatenate(timed.chunks)[cut:]]
+            timed.base += cut
+            timed.held -= cut
+
+    # alignment (worker thread)
 
     def _align_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -131,37 +239,33 @@ class AligningRunner:
                     self._jobs.put(None)  # closing: align what was taken, then stop
                     break
                 jobs.append(job)
-            for request_id, timings in zip((job[0] for job in jobs), self._align(jobs), strict=True):
-                self._results.put(_Aligned(request_id, timings))
+            for job, spans in zip(jobs, self._align(jobs), strict=True):
+                self._results.put(_Aligned(job, spans))
 
-    def _align(self, jobs: list[tuple[str, np.ndarray, str]]) -> list[WordTimings | None]:
-        """Each job's timings (None: it has no words, or its audio could not be aligned)."""
+    def _align(self, jobs: list[_Job]) -> list[Spans | None]:
+        """Each job's spans (None: its audio could not be aligned)."""
         rate = self.info.sample_rate
-        words = [list(_WORD.finditer(text)) for _, _, text in jobs]
-        asked = [i for i, matches in enumerate(words) if matches]
-        out: list[WordTimings | None] = [None] * len(jobs)
-        if not asked:
-            return out
         try:
-            results = self._aligner.align_batch([(jobs[i][1], rate, [m.group() for m in words[i]]) for i in asked])
+            results = self._aligner.align_batch([(job.pcm, rate, [m.group() for m in job.words]) for job in jobs],
+                                                open_end=[not job.final for job in jobs])
         except Exception:  # a bug must not keep the requests from ending
-            log.exception("requests %s: alignment failed", ", ".join(jobs[i][0] for i in asked))
-            return out
-        for i, spans in zip(asked, results, strict=True):
-            request_id, audio, _ = jobs[i]
+            log.exception("requests %s: alignment failed", ", ".join(job.request_id for job in jobs))
+            return [None] * len(jobs)
+        out: list[Spans | None] = []
+        for job, spans in zip(jobs, results, strict=True):
             if isinstance(spans, AlignmentFailed):
-                log.warning("request %s: its audio could not be aligned with its text (%s); it gets no word timings",
-                            request_id, spans)
-                continue
-            duration = len(audio) / rate
-            out[i] = WordTimings(
-                words=[m.group() for m in words[i]],
-                start=[min(start, duration) for start, _ in spans],
-                end=[min(end, duration) for _, end in spans],
-                char_start=[m.start() for m in words[i]],
-                char_end=[m.end() for m in words[i]],
-            )
+                if job.final:
+                    log.warning("request %s: its audio could not be aligned with its text (%s); its last %d words "
+                                "get no timings", job.request_id, spans, len(job.words))
+                spans = None
+            out.append(spans)
         return out
+
+
+def _timings(words: list[re.Match], spans: Spans) -> WordTimings:
+    return WordTimings(words=[m.group() for m in words], start=[start for start, _ in spans],
+                       end=[end for _, end in spans], char_start=[m.start() for m in words],
+                       char_end=[m.end() for m in words])
 
 
 class _Recorder:
@@ -173,8 +277,7 @@ class _Recorder:
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
         self._sink.audio(request_id, pcm)
-        if (timed := self._owner._timed.get(request_id)) is not None:
-            timed.audio.append(np.array(pcm, dtype=np.float32))
+        self._owner._heard(request_id, pcm)
 
     def words(self, request_id: str, timings: WordTimings) -> None:
         self._sink.words(request_id, timings)

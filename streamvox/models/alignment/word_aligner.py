@@ -19,6 +19,9 @@ class WordAligner(Protocol):
         """Each word's span; raises `AlignmentFailed`."""
         ...
 
-    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
-        """`align` of each item: its spans, or its `AlignmentFailed` (one item's failure is not the others')."""
+    def align_batch(self, items: list[AlignItem], open_end: list[bool] | None = None) -> list[Spans | AlignmentFailed]:
+        """`align` of each item: its spans, or its `AlignmentFailed` (one item's failure is not the others').
+
+        `open_end[i]`: item i's audio may stop before its text does (a request still speaking); the words
+        it does not reach get spans at (or squeezed towards) the audio's end."""
         ...

@@ -88,8 +88,10 @@ class Qwen3ForcedAligner:
             raise result
         return result
 
-    def align_batch(self, items: list[AlignItem]) -> list[Spans | AlignmentFailed]:
-        """`align` for each (pcm, sample_rate, words), in one forward: spans, or the item's `AlignmentFailed`."""
+    def align_batch(self, items: list[AlignItem], open_end: list[bool] | None = None) -> list[Spans | AlignmentFailed]:
+        """`align` for each (pcm, sample_rate, words), in one forward: spans, or the item's `AlignmentFailed`.
+
+        `open_end` needs nothing here: words the audio does not reach are squeezed at its end anyway."""
         results, batch = self._prepare(items)
         if batch:
             with self._on_device():
