@@ -106,7 +106,7 @@ class FrameStepper:
         # one-row steps: the 14 single-position predictor passes in one launch (CUDA, the released shapes)
         self.pred_kernel = (predictor_passes(model, self.pstack, self.pk, self.pv, settings.predictor_kernel,
                                              settings.decoder_sms) if kernels is not None else None)
-        # and the talker's layers in one launch (CUDA, the released 1.7B shapes)
+        # and the talker's layers in one launch (CUDA, the released 1.7B and 0.6B shapes)
         self.talk_kernel = (talker_layers(model, self.tstack, cache, settings.talker_kernel, settings.decoder_sms)
                             if kernels is not None else None)
         ppos = torch.arange(self.groups + 1, device=dev)[None]
