@@ -16,6 +16,7 @@ from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 from streamvox.models.alignment.runner import AligningRunner
 from streamvox.models.espeak.library import EVENT_WORD, EspeakLibrary
 from tests.helpers.qwen3_aligner_tiny import build_tiny_aligner
+from tests.helpers.recording_sink import RecordingSink
 
 TEXTS = {"a": "Captions need word timings, 42 of them.", "b": "A second request is timed on its own."}
 
@@ -58,23 +59,6 @@ class SpeakingRunner:
                 sink.finished(request_id, "stop", 1, 2)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.log: list[tuple] = []
-
-    def audio(self, request_id, pcm):
-        self.log.append(("audio", request_id, len(pcm)))
-
-    def words(self, request_id, timings):
-        self.log.append(("words", request_id, timings))
-
-    def finished(self, request_id, reason, input_tokens, output_tokens):
-        self.log.append(("finished", request_id, reason))
-
-    def failed(self, request_id, error):
-        self.log.append(("failed", request_id, error.message))
-
-
 @pytest.fixture(scope="module")
 def spoken():
     """eSpeak's audio of each text (and of silence), its rate, and each text's word starts per eSpeak."""
@@ -96,7 +80,7 @@ def spoken():
     return espeak, audio, truth
 
 
-def _run(runner: AligningRunner, sink: Sink, until=lambda: False) -> None:
+def _run(runner: AligningRunner, sink: RecordingSink, until=lambda: False) -> None:
     deadline = time.monotonic() + 60
     while runner.has_work() and time.monotonic() < deadline and not until():
         runner.step(sink)
@@ -106,7 +90,7 @@ def test_timings_follow_the_audio_and_precede_the_end(spoken):
     espeak, audio, truth = spoken
     runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
     assert runner.info.word_timestamps
-    sink = Sink()
+    sink = RecordingSink()
     runner.add(SpeechRequest(request_id="a", text=TEXTS["a"][:20], text_complete=False, word_timestamps=True))
     runner.feed_text("a", TEXTS["a"][20:])  # the text a request is timed against includes what was fed
     runner.add(SpeechRequest(request_id="b", text=TEXTS["b"], word_timestamps=True))
@@ -131,7 +115,7 @@ def test_unalignable_audio_gets_no_timings_and_a_released_request_nothing(spoken
     espeak, audio, _ = spoken
     audio = {**audio, "Hello there.": audio["silence"]}
     runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
-    sink = Sink()
+    sink = RecordingSink()
     runner.add(SpeechRequest(request_id="quiet", text="Hello there.", word_timestamps=True))
     runner.add(SpeechRequest(request_id="gone", text=TEXTS["a"], word_timestamps=True))
     _run(runner, sink, until=lambda: runner._timed["gone"].ended is not None)
@@ -168,7 +152,7 @@ def test_requests_waiting_together_are_aligned_in_one_batch(spoken, tmp_path, mo
     texts = {f"r{i}": text for i, text in enumerate([TEXTS["a"], TEXTS["b"], TEXTS["a"], TEXTS["b"]])}
     aligner = GatedAligner(Qwen3ForcedAligner.from_pretrained(build_tiny_aligner(tmp_path / "aligner")))
     runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), aligner)
-    sink = Sink()
+    sink = RecordingSink()
     runner.add(SpeechRequest(request_id="r0", text=texts["r0"], word_timestamps=True))
     _run(runner, sink, until=lambda: aligner.sizes)  # r0 is spoken, and its alignment holds the worker
     for request_id in ("r1", "r2", "r3"):

@@ -12,6 +12,7 @@ from streamvox.contract import ModelInfo, SpeechRequest, WordTimings
 from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
 from streamvox.models.alignment.runner import AligningRunner
 from streamvox.models.espeak.library import EVENT_WORD, EspeakLibrary
+from tests.helpers.recording_sink import RecordingSink
 
 TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore every summer. "
         "The meeting has been moved from Tuesday to Thursday afternoon. The train to Boston leaves at 7:45 from "
@@ -54,23 +55,6 @@ class StreamingRunner:
                 sink.finished(request_id, "stop", 1, 2)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.log: list[tuple] = []
-
-    def audio(self, request_id, pcm):
-        self.log.append(("audio", request_id, len(pcm)))
-
-    def words(self, request_id, timings):
-        self.log.append(("words", request_id, timings))
-
-    def finished(self, request_id, reason, input_tokens, output_tokens):
-        self.log.append(("finished", request_id, reason))
-
-    def failed(self, request_id, error):
-        self.log.append(("failed", request_id, error.message))
-
-
 @pytest.fixture(scope="module")
 def spoken():
     """eSpeak's audio of TEXT, its rate, and each word's start per eSpeak (words with an event of their own)."""
@@ -87,7 +71,8 @@ def spoken():
     return espeak, np.concatenate(parts).astype(np.float32) / 32768.0, starts
 
 
-def _speak(runner: AligningRunner, sink: Sink, truth: dict[int, float], release_at_s: float | None = None) -> None:
+def _speak(runner: AligningRunner, sink: RecordingSink, truth: dict[int, float],
+           release_at_s: float | None = None) -> None:
     """Streams request "r": text fed ahead of its audio, each step's alignments waited for (an aligner that
     keeps up with the audio), until it ends or `release_at_s` seconds of its audio have been sent."""
     words = list(re.finditer(r"\S+", TEXT))
@@ -116,7 +101,7 @@ def _speak(runner: AligningRunner, sink: Sink, truth: dict[int, float], release_
 def test_words_are_committed_while_the_request_speaks_at_espeaks_times(spoken):
     espeak, pcm, truth = spoken
     runner = AligningRunner(StreamingRunner(pcm, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
-    sink = Sink()
+    sink = RecordingSink()
     _speak(runner, sink, truth)
     runner.close()
     kinds = [kind for kind, _, _ in sink.log]
@@ -140,7 +125,7 @@ def test_words_are_committed_while_the_request_speaks_at_espeaks_times(spoken):
 def test_a_released_request_keeps_its_committed_words_and_gets_no_more(spoken):
     espeak, pcm, truth = spoken
     runner = AligningRunner(StreamingRunner(pcm, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
-    sink = Sink()
+    sink = RecordingSink()
     _speak(runner, sink, truth, release_at_s=len(pcm) / espeak.sample_rate * 0.6)
     before = WordTimings.join([t for kind, _, t in sink.log if kind == "words"])
     assert len(before) >= 5  # committed before the release
