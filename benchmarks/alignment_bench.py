@@ -25,6 +25,7 @@ timing was sent) and the share committed before the end. Examples:
   python benchmarks/alignment_bench.py --aligner pocketsphinx --streaming
   python benchmarks/make_real_shape_checkpoint.py --aligner --out /tmp/fa-0.6b
   python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --streams 1 16
+  python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --graphs 0  # eager
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def reference_starts(text: str, events, sample_rate: int) -> list[float | None]:
     return starts
 
 
-def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str) -> WordAligner:
+def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str, graphs: str) -> WordAligner:
     if name == "pocketsphinx":
         from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
 
@@ -75,7 +76,7 @@ def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str) -> W
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return Qwen3ForcedAligner.from_pretrained(name, device, getattr(torch, dtype))
+    return Qwen3ForcedAligner.from_pretrained(name, device, getattr(torch, dtype), graphs)
 
 
 def synthesise(espeak: EspeakLibrary, text: str) -> tuple[np.ndarray, list]:
@@ -273,6 +274,8 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="Qwen3 aligner: cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="Qwen3 aligner precision (default: bfloat16 on CUDA, float32 on the CPU)")
+    parser.add_argument("--graphs", default="auto", choices=("auto", "0", "1"),
+                        help="Qwen3 aligner: its forward from CUDA graphs (auto: on CUDA; 0: eager)")
     parser.add_argument("--corpus", default=CORPUS)
     parser.add_argument("--voice", default="en-us")
     parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
@@ -289,12 +292,14 @@ def main() -> int:
     sentences = [line.strip() for line in open(args.corpus, encoding="utf-8") if line.strip()][: args.limit]
     espeak = EspeakLibrary()
     espeak.set_voice(args.voice)
-    aligner = load_aligner(args.aligner, espeak, args.device, args.dtype)
+    aligner = load_aligner(args.aligner, espeak, args.device, args.dtype, args.graphs)
     figures = {"aligner": args.aligner}
     if hasattr(aligner, "device"):
         figures.update(device=str(aligner.device), dtype=str(aligner.dtype).removeprefix("torch."))
     measure = latency if args.latency else streaming if args.streaming else accuracy
     figures.update(measure(args, sentences, espeak, aligner))
+    if getattr(aligner, "graphed", None) is not None:
+        figures["graph_buckets"] = len(aligner.graphed.buckets)
     figures["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}"
     if figures.get("device", "").startswith("cuda"):
         import torch

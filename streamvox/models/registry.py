@@ -33,8 +33,8 @@ def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     options = {} if max_batch is None else {"max_batch": max_batch}
     # read here, in the engine core process that runs the model
-    runner = load_qwen3_tts(model, device=device, dtype=getattr(torch, dtype), settings=Qwen3Settings.from_env(),
-                            **options)
+    settings = Qwen3Settings.from_env()
+    runner = load_qwen3_tts(model, device=device, dtype=getattr(torch, dtype), settings=settings, **options)
     if aligner is None or runner.info.word_timestamps:
         return runner
     from streamvox.models.alignment.runner import AligningRunner
@@ -48,4 +48,5 @@ def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch
         return AligningRunner(runner, PocketsphinxAligner(espeak.phonemes))
     from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 
-    return AligningRunner(runner, Qwen3ForcedAligner.from_pretrained(aligner, device, getattr(torch, dtype)))
+    return AligningRunner(runner, Qwen3ForcedAligner.from_pretrained(aligner, device, getattr(torch, dtype),
+                                                                     settings.aligner_graphs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -28,6 +29,7 @@ CORPUS = [
 ]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
             "<timestamp>"]
+RATE = 16000  # the aligner's feature rate
 CLASSES = 5000  # the released head's timing classes (80 ms each)
 TOKENIZER_EXTRAS = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>"}
@@ -97,3 +99,11 @@ def build_tiny_aligner(path: str | Path, seed: int = 0) -> Path:
     state = {k: v.contiguous() for k, v in module.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Bursts of a tone in noise at `RATE`: structure enough that random weights give varied timing classes."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(round(seconds * RATE)) / RATE
+    tone = 0.3 * np.sin(2 * np.pi * (180 + 40 * seed) * t) * (np.sin(2 * np.pi * 1.5 * t + seed) > 0)
+    return (tone + 0.05 * rng.standard_normal(len(t))).astype(np.float32)

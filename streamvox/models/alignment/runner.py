@@ -3,7 +3,11 @@
 `AligningRunner` wraps a model's runner. Requests that ask for `word_timestamps` have their
 audio (as it is sent, untouched and undelayed) and their text kept, and a worker thread aligns
 them while they speak: every `STEP_S` seconds of new audio, the audio since the last committed
-word's start with the words from there to the end of the text fed so far (a partial job). Words
+word's start (at most `_PARTIAL_MAX_S` of it) with the words from there to the end of the text fed
+so far (a partial job). Partial jobs keep timings ahead of playback, which runs in real time, so a
+request gets at most one every `STEP_S` seconds of wall time too, unless more than `_PARTIAL_MAX_S`
+of its audio waits for timings (a long job is costly, and a CPU aligner loses its way in one): one
+generated faster than real time needs few, and leaves the device to the model. Words
 that two partial alignments in a row agree on, and that end well before the aligned audio does,
 are committed: their timings are sent at once (`stable_prefix.py`). The next job starts at the
 last committed word, aligned again but not sent again: an aligner's word ends are looser than its
@@ -23,6 +27,8 @@ import math
 import queue
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 _WORD = re.compile(r"\S+")
 _IDLE_WAIT_S = 0.005  # how long a step waits for an alignment when the model has nothing to do
 _MAX_BATCH = 32  # jobs aligned together
+_PARTIAL_MAX_S = 8.0  # the most audio a partial job aligns (one attention window of the GPU aligner)
 # A partial job takes at most this many words per second of its audio (plus a few): faster than anyone
 # speaks, so it holds every word the audio does, but not a long text's far tail.
 _MAX_WORDS_PER_S, _SPARE_WORDS = 6, 4
@@ -52,6 +59,7 @@ class _Timed:
     committed: int = 0  # words whose timings were sent
     floor: float = 0.0  # where the last of them ends (s): no later word starts before it
     partial_at: int = 0  # samples received when its last partial job was queued
+    partial_time: float = 0.0  # and when (the runner's clock)
     busy: bool = False  # one of its jobs is being aligned
     previous: dict[int, float] = field(default_factory=dict)  # uncommitted word -> start in the last partial
     ended: tuple[str, int, int] | None = None  # its audio is complete: its `finished` arguments
@@ -79,8 +87,10 @@ class _Aligned:
 class AligningRunner:
     """A `Runner` that adds word timings (`ModelInfo.word_timestamps`) to `runner` with `aligner`."""
 
-    def __init__(self, runner: Runner, aligner: WordAligner) -> None:
+    def __init__(self, runner: Runner, aligner: WordAligner, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: seconds of wall time, which paces partial jobs (tests play audio in simulated real time)."""
         self.runner = runner
+        self._clock = clock
         self.info = msgspec.structs.replace(runner.info, word_timestamps=True)
         self._aligner = aligner
         self._timed: dict[str, _Timed] = {}  # requests that asked for timings, until they end
@@ -95,7 +105,7 @@ class AligningRunner:
     def add(self, request: SpeechRequest) -> None:
         self.runner.add(request)
         if request.word_timestamps:
-            self._timed[request.request_id] = _Timed(request.text, request.text_complete)
+            self._timed[request.request_id] = _Timed(request.text, request.text_complete, partial_time=self._clock())
 
     def feed_text(self, request_id: str, text: str) -> None:
         if (timed := self._timed.get(request_id)) is not None:
@@ -151,14 +161,18 @@ class AligningRunner:
 
     def _queue_partial(self, request_id: str, timed: _Timed) -> None:
         received = timed.base + timed.held
-        if timed.busy or timed.ended or received - timed.partial_at < STEP_S * self.info.sample_rate:
+        rate = self.info.sample_rate
+        now = self._clock()
+        paced = now - timed.partial_time >= STEP_S or timed.held > _PARTIAL_MAX_S * rate
+        if timed.busy or timed.ended or received - timed.partial_at < STEP_S * rate or not paced:
             return
         words = list(_WORD.finditer(timed.text))
         if not timed.text_complete and words and words[-1].end() == len(timed.text):
             words.pop()  # may still grow
-        most = timed.committed + math.ceil(timed.held / self.info.sample_rate * _MAX_WORDS_PER_S) + _SPARE_WORDS
+        seconds = min(timed.held / rate, _PARTIAL_MAX_S)
+        most = timed.committed + math.ceil(seconds * _MAX_WORDS_PER_S) + _SPARE_WORDS
         if len(words) > timed.committed:
-            timed.partial_at = received
+            timed.partial_at, timed.partial_time = received, now
             self._queue(request_id, timed, words[: most], final=False)
 
     def _spoken(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> bool:
@@ -185,6 +199,8 @@ class AligningRunner:
             timed.chunks = [np.concatenate(timed.chunks)]
         pcm = timed.chunks[0] if timed.chunks else np.zeros(0, np.float32)
         rate = self.info.sample_rate
+        if not final:
+            pcm = pcm[: round(_PARTIAL_MAX_S * rate)]
         timed.busy = True
         self._in_flight += 1
         self._jobs.put(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,

@@ -98,10 +98,19 @@ def _speak(runner: AligningRunner, sink: RecordingSink, truth: dict[int, float],
             time.sleep(0.001)
 
 
+def _aligning(spoken, sink: RecordingSink, real_time: bool = True) -> AligningRunner:
+    """The aligning runner over `StreamingRunner`. Its clock is the audio sent so far (`real_time`: the model
+    keeps pace with playback) or stands still (a model far faster than real time)."""
+    espeak, pcm, _ = spoken
+    rate = espeak.sample_rate
+    clock = (lambda: sum(n for kind, _, n in sink.log if kind == "audio") / rate) if real_time else (lambda: 0.0)
+    return AligningRunner(StreamingRunner(pcm, rate), PocketsphinxAligner(espeak.phonemes), clock=clock)
+
+
 def test_words_are_committed_while_the_request_speaks_at_espeaks_times(spoken):
     espeak, pcm, truth = spoken
-    runner = AligningRunner(StreamingRunner(pcm, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
     sink = RecordingSink()
+    runner = _aligning(spoken, sink)
     _speak(runner, sink, truth)
     runner.close()
     kinds = [kind for kind, _, _ in sink.log]
@@ -122,10 +131,32 @@ def test_words_are_committed_while_the_request_speaks_at_espeaks_times(spoken):
     assert 0 <= timings.start[0] and timings.end[-1] <= len(pcm) / espeak.sample_rate
 
 
+def test_a_model_faster_than_real_time_gets_fewer_partial_jobs(spoken):
+    espeak, pcm, truth = spoken
+    jobs = {}
+    for real_time in (True, False):
+        sink = RecordingSink()
+        runner = _aligning(spoken, sink, real_time)
+        aligner = runner._aligner
+        counted = []
+        align_batch = aligner.align_batch
+        aligner.align_batch = lambda items, open_end=None: counted.append(len(items)) or align_batch(items, open_end)
+        _speak(runner, sink, truth)
+        runner.close()
+        jobs[real_time] = sum(counted)
+        timings = WordTimings.join([t for kind, _, t in sink.log if kind == "words"])
+        assert len(timings) == len(TEXT.split())  # every word timed, either way
+        errors = [abs(timings.start[i] - start) for i, start in truth.items()]
+        assert np.mean(errors) < 0.03, errors
+    # Paced by audio, a job every 1.5 s of it (~9 for 13 s); with no wall time passing, only past 8 s of
+    # audio waiting for timings, and the final one.
+    assert jobs[False] <= 4 < jobs[True], jobs
+
+
 def test_a_released_request_keeps_its_committed_words_and_gets_no_more(spoken):
     espeak, pcm, truth = spoken
-    runner = AligningRunner(StreamingRunner(pcm, espeak.sample_rate), PocketsphinxAligner(espeak.phonemes))
     sink = RecordingSink()
+    runner = _aligning(spoken, sink)
     _speak(runner, sink, truth, release_at_s=len(pcm) / espeak.sample_rate * 0.6)
     before = WordTimings.join([t for kind, _, t in sink.log if kind == "words"])
     assert len(before) >= 5  # committed before the release

@@ -19,10 +19,9 @@ import pytest
 from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 from streamvox.models.alignment.qwen3_aligner.features import log_mel_batch
 from streamvox.models.alignment.qwen3_aligner.words import repaired, units
-from tests.helpers.qwen3_aligner_tiny import build_tiny_aligner
+from tests.helpers.qwen3_aligner_tiny import RATE, build_tiny_aligner, speechlike
 from tests.helpers.qwen3_harness import REPO, reference_python
 
-RATE = 16000
 # (duration s, text): lengths off the 10 ms hop and the 1 s chunk, a clip under one chunk, a number,
 # punctuation alone, and CJK ideographs (each its own unit).
 BATCHES = [
@@ -35,14 +34,6 @@ REPAIRS = [[80.0, 4000.0, 160.0, 240.0], [80.0, 160.0, 0.0, 0.0, 0.0, 800.0, 880
            [0.0, 0.0, 960.0, 400.0, 480.0, 560.0, 240.0, 320.0, 1200.0]]
 
 
-def _speechlike(seconds: float, seed: int) -> np.ndarray:
-    """Bursts of a tone in noise: structure enough that random weights give varied timing classes."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(round(seconds * RATE)) / RATE
-    tone = 0.3 * np.sin(2 * np.pi * (180 + 40 * seed) * t) * (np.sin(2 * np.pi * 1.5 * t + seed) > 0)
-    return (tone + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     root = tmp_path_factory.mktemp("aligner-parity")
@@ -52,7 +43,7 @@ def compared(tmp_path_factory):
         items = []
         for i, (seconds, text) in enumerate(batch):
             path = root / f"clip_{b}_{i}.npy"
-            np.save(path, _speechlike(seconds, 10 * b + i))
+            np.save(path, speechlike(seconds, 10 * b + i))
             items.append({"audio": str(path), "text": text})
         batches.append(items)
     job = {"model_dir": str(model_dir), "out_dir": str(root), "batches": batches, "repairs": REPAIRS}

@@ -3,7 +3,8 @@
 `Qwen3ForcedAligner.from_pretrained(dir_or_repo, device, dtype)` loads the checkpoint (config.json,
 safetensors, tokenizer files) with no transformers dependency. `align_batch` pads several clips and
 their prompts into one non-autoregressive forward on the device; `align` is one clip's batch. On
-CUDA the aligner runs on a stream of its own, so the speech model's work never waits on its queue,
+CUDA that forward is replayed from a CUDA graph per bucket of batch shape (`graphed.py`), and the
+aligner runs on a stream of its own, so the speech model's work never waits on its queue,
 and not while the speech model captures a CUDA graph (`CAPTURE_LOCK`: a capture fails if another
 thread allocates or synchronises meanwhile).
 """
@@ -20,6 +21,7 @@ import torch
 from streamvox.models.alignment.qwen3_aligner.audio_encoder import encoded_length, sinusoids
 from streamvox.models.alignment.qwen3_aligner.config import AlignerConfig, load_aligner_config
 from streamvox.models.alignment.qwen3_aligner.features import log_mel_batch, peak_normalised
+from streamvox.models.alignment.qwen3_aligner.graphed import GraphedForward
 from streamvox.models.alignment.qwen3_aligner.model import ForcedAligner
 from streamvox.models.alignment.qwen3_aligner.words import (
     AUDIO_END,
@@ -50,7 +52,9 @@ class _Prepared:
 class Qwen3ForcedAligner:
     """Aligns mono audio with the words it says (any of the model's languages, one at a time: not thread-safe)."""
 
-    def __init__(self, cfg: AlignerConfig, module: ForcedAligner, tokenizer) -> None:
+    def __init__(self, cfg: AlignerConfig, module: ForcedAligner, tokenizer, graphs: str = "auto") -> None:
+        """`graphs`: "auto" replays the forward from CUDA graphs on CUDA and runs it eagerly elsewhere; "1" pads
+        batches to the graphs' buckets on any device (the CPU runs the padded batch directly); "0" is eager."""
         self.cfg = cfg
         self.module = module.eval().requires_grad_(False)
         self._tokenizer = tokenizer
@@ -64,10 +68,14 @@ class Qwen3ForcedAligner:
             raise ValueError("the aligner's tokenizer and config.json disagree on the audio or timestamp token id")
         self._start, self._pad, self._end = special[AUDIO_START], special[AUDIO_PAD], special[AUDIO_END]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if graphs not in ("auto", "0", "1"):
+            raise ValueError(f"aligner graphs must be auto, 0 or 1, not {graphs!r}")
+        padded = graphs == "1" or (graphs == "auto" and self._stream is not None)
+        self.graphed = GraphedForward(module.thinker, capture=self._stream is not None) if padded else None
 
     @classmethod
     def from_pretrained(cls, path_or_repo: str | os.PathLike[str], device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.float32) -> Qwen3ForcedAligner:
+                        dtype: torch.dtype = torch.float32, graphs: str = "auto") -> Qwen3ForcedAligner:
         model_dir = resolve_model_dir(path_or_repo)
         cfg = load_aligner_config(model_dir)
         with torch.device("meta"):
@@ -75,7 +83,7 @@ class Qwen3ForcedAligner:
         module.load_state_dict(load_state_dict(model_dir), strict=True, assign=True)
         # The position table is not in the checkpoint: it was made on meta, make it for real.
         module.thinker.audio_tower.positions = sinusoids(cfg.audio.max_source_positions, cfg.audio.d_model)
-        return cls(cfg, module.to(device=device, dtype=dtype), load_tokenizer(model_dir))
+        return cls(cfg, module.to(device=device, dtype=dtype), load_tokenizer(model_dir), graphs)
 
     # aligning
 
@@ -95,8 +103,7 @@ class Qwen3ForcedAligner:
         results, batch = self._prepare(items)
         if batch:
             with self._on_device():
-                logits = self._marker_logits(batch)
-                classes = torch.cat(logits).argmax(dim=-1).cpu().split([len(part) for part in logits])
+                classes = self._classes(batch)
             for prepared, part in zip(batch, classes, strict=True):
                 ms = [c * self.cfg.timestamp_segment_ms for c in part.tolist()]
                 results[prepared.index] = word_spans(prepared.words, repaired(ms))
@@ -107,7 +114,16 @@ class Qwen3ForcedAligner:
         item that can be aligned: what `align_batch` reads its classes from."""
         _, batch = self._prepare(items)
         with self._on_device():
-            return [part.cpu() for part in self._marker_logits(batch)]
+            ids, markers, features, frames = self._inputs(batch)
+            logits = self.module.thinker(ids.to(self.device), features, frames, markers.to(self.device))
+            return list(logits.float().cpu().split(markers.sum(dim=1).tolist()))
+
+    def marker_classes(self, items: list[AlignItem]) -> list[torch.Tensor]:
+        """The timing class at each `<timestamp>` marker `[2 * units]` (CPU) of each item that can be aligned,
+        through the forward `align_batch` uses (replayed from a graph, or eager)."""
+        _, batch = self._prepare(items)
+        with self._on_device():
+            return self._classes(batch)
 
     @contextlib.contextmanager
     def _on_device(self):
@@ -133,7 +149,9 @@ class Qwen3ForcedAligner:
                 batch.append(_Prepared(index, clip, words))
         return results, batch
 
-    def _marker_logits(self, batch: list[_Prepared]) -> list[torch.Tensor]:
+    def _inputs(self, batch: list[_Prepared]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """The batch's right-padded prompts `[B, T]` and where their `<timestamp>` markers are (CPU), its
+        features (device) and each clip's valid frames."""
         features, frames = log_mel_batch([p.clip for p in batch], self.cfg.features, self.device)
         chunk = 2 * self.cfg.audio.n_window
         prompts = []
@@ -143,7 +161,13 @@ class Qwen3ForcedAligner:
         ids = torch.zeros(len(batch), max(len(p) for p in prompts), dtype=torch.long)
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = torch.tensor(prompt)
-        markers = ids == self.cfg.timestamp_token_id
+        return ids, ids == self.cfg.timestamp_token_id, features, frames
+
+    def _classes(self, batch: list[_Prepared]) -> list[torch.Tensor]:
+        """Each item's timing class at each of its markers (CPU)."""
+        ids, markers, features, frames = self._inputs(batch)
         counts = markers.sum(dim=1).tolist()
+        if self.graphed is not None and (every := self.graphed.classes(ids, features, frames)) is not None:
+            return list(every[markers].split(counts))
         logits = self.module.thinker(ids.to(self.device), features, frames, markers.to(self.device))
-        return list(logits.float().split(counts))
+        return list(logits.argmax(dim=-1).cpu().split(counts))

@@ -3,8 +3,10 @@
 The mel frames are cut into chunks of `2 * n_window` frames (100: 1 s); three stride-2 convolutions
 turn each chunk into 13 positions, which get a sinusoidal position embedding that restarts at every
 chunk. A transformer encoder then attends within windows of `n_window_infer // (2 * n_window)` chunks
-(8 s), never across clips or windows; all the windows of a batch run as one padded batch. Parameter
-names are the checkpoint's (`conv2d1`, `layers.0.self_attn.q_proj`, `ln_post`, `proj2`, ...).
+(8 s), never across clips or windows; all the windows of a batch run as one padded batch.
+`forward_padded` is the same computation with shapes fixed by the batch's padding alone (no host
+syncs, no data-dependent shapes), so it can be captured as a CUDA graph. Parameter names are the
+checkpoint's (`conv2d1`, `layers.0.self_attn.q_proj`, `ln_post`, `proj2`, ...).
 """
 
 from __future__ import annotations
@@ -114,6 +116,38 @@ class AudioEncoder(nn.Module):
         sizes = [encoded_length(frames, chunk) for frames in lengths]
         h = self._encode(flat, sizes)
         return list(self.proj2(self.act(self.proj1(self.ln_post(h)))).split(sizes))
+
+    def forward_padded(self, features: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features `[B, n_mels, C * chunk]` (C: a whole number of windows when above one window), each clip's
+        valid frames `[B]` (on the device) -> embeddings `[B, C * positions_per_chunk, output_dim]`, of which
+        each clip's first `lengths[b]` are its own, and `lengths` `[B]`. Frames past a clip's own are ignored."""
+        b, mels, total = features.shape
+        chunk = self.chunk
+        chunks = total // chunk
+        steps = conv_length(chunk)
+        frame = torch.arange(total, device=features.device)
+        x = features * (frame[None, :] < frames[:, None])[:, None, :]  # a clip's last chunk is zero-padded
+        x = x.view(b, mels, chunks, chunk).transpose(1, 2).reshape(b * chunks, 1, mels, chunk)
+        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+            x = F.gelu(conv(x))
+        n, channels, bins, _ = x.shape
+        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(n, steps, channels * bins))
+        x = (x + self.positions[:steps].to(x.dtype)).view(b, chunks * steps, -1)
+        full, tail = frames // chunk, frames % chunk
+        for _ in range(3):
+            tail = torch.div(tail - 1, 2, rounding_mode="floor") + 1
+        lengths = full * steps + tail
+        per_window = self.cfg.n_window_infer // chunk
+        width = steps * min(chunks, per_window)
+        position = torch.arange(chunks * steps, device=x.device)
+        real = (position[None, :] < lengths[:, None]).view(-1, width)
+        # A window with no real position (a padding row's) attends to its first one: no empty softmax.
+        mask = (real | (position[:width] == 0))[:, None, None, :]
+        h = x.reshape(-1, width, x.shape[-1])
+        for layer in self.layers:
+            h = layer(h, mask)
+        h = h.view(b, chunks * steps, -1)
+        return self.proj2(self.act(self.proj1(self.ln_post(h)))), lengths
 
     def _encode(self, flat: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """The transformer over windows of each clip's positions (`sizes`, one after another in `flat`)."""

@@ -65,6 +65,16 @@ class Thinker(nn.Module):
         x = x.masked_scatter((ids == self.cfg.audio_token_id)[..., None], audio)
         return self.lm_head(self.model(x)[markers])
 
+    def forward_padded(self, ids: torch.Tensor, features: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        """`forward` with shapes fixed by the padding (see `AudioEncoder.forward_padded`): ids `[B, T]` (each
+        row's audio pads right after its first token), features `[B, n_mels, C * chunk]`, valid frames `[B]`
+        -> logits at every position `[B, T, classify_num]`."""
+        x = self.model.embed_tokens(ids)
+        audio, _ = self.audio_tower.forward_padded(features.to(x.dtype), frames)
+        index = (torch.arange(ids.shape[1], device=ids.device) - 1).clamp(0, audio.shape[1] - 1)
+        x = torch.where((ids == self.cfg.audio_token_id)[..., None], audio[:, index].to(x.dtype), x)
+        return self.lm_head(self.model(x))
+
 
 class ForcedAligner(nn.Module):
     """The checkpoint's top level (its keys start with `thinker.`)."""

@@ -1,5 +1,5 @@
-"""CUDA-graph helpers shared by the frame stepper (`runtime/fast_path.py`) and the slot decoder
-(`codec/graphed.py`)."""
+"""CUDA-graph helpers shared by the frame stepper (`runtime/fast_path.py`), the slot decoder
+(`codec/graphed.py`) and the GPU word aligner (`alignment/qwen3_aligner/graphed.py`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 
 T = TypeVar("T")
 
-# Held while a graph is captured. A capture fails if another thread of the process allocates or
-# synchronises meanwhile, so a thread that runs CUDA work beside the engine's (the GPU word aligner)
-# holds it for that work.
-CAPTURE_LOCK = threading.Lock()
+# Held while a graph is captured. A "global" capture fails if another thread of the process allocates
+# or synchronises meanwhile, so a thread that runs CUDA work beside the engine's (the GPU word aligner)
+# holds it for that work, its own captures included (hence reentrant).
+CAPTURE_LOCK = threading.RLock()
 
 
 def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
@@ -22,10 +22,11 @@ def copy_from_host(dst: torch.Tensor, host: torch.Tensor) -> None:
     dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
 
 
-def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
+def capture_graph(fn: Callable[[], T], pool: Any, mode: str = "global") -> tuple[torch.cuda.CUDAGraph, T]:
     """Warm `fn` up twice on a side stream (lazy initialisation, cuBLAS workspaces, compiles), then
     capture one call into a CUDA graph allocating from memory pool `pool`; returns the graph and that
-    call's output (static: each replay overwrites it)."""
+    call's output (static: each replay overwrites it). `mode` "thread_local": other threads keep
+    running CUDA work during the capture (only this thread's unsafe calls are forbidden)."""
     with CAPTURE_LOCK:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -34,6 +35,6 @@ def capture_graph(fn: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph,
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
             out = fn()
     return graph, out

@@ -1,0 +1,76 @@
+"""The aligner's padded forward (what its CUDA graphs replay) times words exactly as its eager forward does.
+
+On the CPU, `graphs="1"` pads each batch to its bucket (clips, audio chunks, prompt length) and runs
+`Thinker.forward_padded` directly; on CUDA the same padded forward is captured and replayed. Padding
+rows, padded chunks and windows, and padded prompt positions must change no real row's timings.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
+from streamvox.models.alignment.qwen3_aligner.graphed import MAX_CLIPS, Bucket, bucket_for
+from tests.helpers.qwen3_aligner_tiny import RATE, build_tiny_aligner, speechlike
+
+TEXTS = ["Hello world, this is a small test of the aligner.", "Captions need 42 timings!",
+         "The quick brown fox jumps over the lazy dog, again and again and again and again.", "Quick, brown fox."]
+# Seconds: under one chunk, off the hop, and past one 8 s attention window (two windows once padded).
+SECONDS = [0.55, 2.0 + 77 / RATE, 10.3, 3.4]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_aligner(tmp_path_factory.mktemp("aligner-graphs") / "tiny", seed=1)
+
+
+def _items(count: int) -> list:
+    return [(speechlike(SECONDS[i % 4], i), RATE, TEXTS[i % 4].split()) for i in range(count)]
+
+
+def _aligners(model_dir) -> tuple[Qwen3ForcedAligner, Qwen3ForcedAligner]:
+    eager = Qwen3ForcedAligner.from_pretrained(model_dir, graphs="0")
+    padded = Qwen3ForcedAligner.from_pretrained(model_dir, graphs="1")
+    return eager, padded
+
+
+def test_buckets_pad_clips_chunks_and_prompts():
+    assert bucket_for(3, 250, 70, chunk=100, per_window=8) == Bucket(4, 3, 128)
+    assert bucket_for(1, 800, 64, chunk=100, per_window=8) == Bucket(1, 8, 64)
+    assert bucket_for(16, 801, 65, chunk=100, per_window=8) == Bucket(16, 16, 128)  # two whole windows
+    assert bucket_for(MAX_CLIPS + 1, 100, 64, chunk=100, per_window=8) is None
+    assert bucket_for(1, 100, 1025, chunk=100, per_window=8) is None
+    assert bucket_for(1, 3201, 64, chunk=100, per_window=8) is None  # past four windows
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_padded_batches_classify_as_eager_ones(model_dir):
+    eager, padded = _aligners(model_dir)
+    for items in (_items(1), _items(3), _items(4)):
+        expected = eager.marker_classes(items)
+        assert _same(padded.marker_classes(items), expected)
+        assert padded.align_batch(items) == eager.align_batch(items)
+    assert {b.clips for b in padded.graphed.buckets} == {1, 4}
+    assert max(b.chunks for b in padded.graphed.buckets) == 16  # the 10.3 s clip: two windows of 8 chunks
+    # Varied classes: a forward that ignored its audio or its prompt would not give these.
+    assert len(torch.cat(expected).unique()) > 5
+
+
+def test_batches_past_the_buckets_run_eagerly(model_dir):
+    eager, padded = _aligners(model_dir)
+    items = _items(MAX_CLIPS + 1)
+    assert _same(padded.marker_classes(items), eager.marker_classes(items))
+    assert padded.graphed.buckets == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_time_words_as_the_eager_forward(model_dir):
+    eager = Qwen3ForcedAligner.from_pretrained(model_dir, "cuda", graphs="0")
+    graphed = Qwen3ForcedAligner.from_pretrained(model_dir, "cuda")  # auto: graphs on CUDA
+    for items in (_items(1), _items(4), _items(4)):  # the second batch of 4 replays the captured graph
+        assert _same(graphed.marker_classes(items), eager.marker_classes(items))
+    assert len(graphed.graphed.buckets) == 2
