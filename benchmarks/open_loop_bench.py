@@ -21,9 +21,11 @@ p95 audible TTFA <= 200 ms. Starts its own `streamvox serve --model MODEL` unles
 A random-weight checkpoint (make_real_shape_checkpoint.py) never chooses end-of-speech reliably:
 --frames-per-word F gives each request `max_new_tokens` = F x its words, and the server it starts runs with
 STREAMVOX_QWEN3_IGNORE_EOS=1, so every reply is as long as speech of its text would be (5 frames of the 12.5 Hz
-codec a word is 0.4 s, about 150 words a minute). Example on a GPU:
-  python benchmarks/open_loop_bench.py --model /tmp/q17 --frames-per-word 5 --server-args "--max-batch 64" \
-      --startup-timeout 600 --rates 1 5 10 20 30 40 60 --duration 60 --warmup 10
+codec a word is 0.4 s, about 150 words a minute). --temperature T is sent with every request; without it the
+checkpoint's default applies, which for Qwen3-TTS samples, and on a GPU sampled requests take the eager path,
+not the CUDA-graph fast path (docs/gpu.md). Example on a GPU:
+  python benchmarks/open_loop_bench.py --model /tmp/q17 --frames-per-word 5 --temperature 0 \
+      --server-args "--max-batch 64" --startup-timeout 600 --rates 1 5 10 20 30 40 60 --duration 60 --warmup 10
 """
 
 from __future__ import annotations
@@ -127,6 +129,17 @@ def highest_sustained(rows: Iterable[dict], ttfa_limit_ms: float = TTFA_LIMIT_MS
 def length_cap(text: str, frames_per_word: float) -> int:
     """`max_new_tokens` for `text` at `frames_per_word` codec frames a word (at least one frame)."""
     return max(1, round(len(text.split()) * frames_per_word))
+
+
+def request_body(base: dict, text: str, frames_per_word: float | None, temperature: float | None) -> bytes:
+    """The JSON body of one request for `text`: `base`, its `max_new_tokens` cap (`frames_per_word`) and
+    `temperature` (None: neither field, the server's defaults)."""
+    body = {**base, "input": text}
+    if frames_per_word:
+        body["max_new_tokens"] = length_cap(text, frames_per_word)
+    if temperature is not None:
+        body["temperature"] = temperature
+    return json.dumps(body).encode()
 
 
 def load_corpus(path: str) -> list[str]:
@@ -253,8 +266,7 @@ async def run_rate(rate: float, texts: Sequence[str], base: dict, args, sample_r
     for i, offset in enumerate(arrivals):
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
         text = texts[order[i % len(order)]]
-        cap = {"max_new_tokens": length_cap(text, args.frames_per_word)} if args.frames_per_word else {}
-        body = json.dumps({**base, "input": text, **cap}).encode()
+        body = request_body(base, text, args.frames_per_word, args.temperature)
         tasks.append((offset, asyncio.create_task(one_request(pool, body, t0 + offset, sample_rate, args))))
     results = [await task for offset, task in tasks if offset >= args.warmup]
     await asyncio.gather(*(task for _, task in tasks))
@@ -360,6 +372,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON results file (e.g. benchmarks/results/x.json)")
     parser.add_argument("--frames-per-word", type=float, default=None,
                         help="cap each reply at this many codec frames a word, end-of-speech ignored (random weights)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sent with every request (0: greedy, the GPU fast path); default: the model's own")
     parser.add_argument("--server-args", default="", help="more arguments for the server this starts, one string")
     parser.add_argument("--startup-timeout", type=float, default=120, help="seconds for the server to start")
     args = parser.parse_args()
@@ -389,7 +403,8 @@ def main() -> None:
     print_report(corpus, rows, best)
     if args.out:
         settings = {k: getattr(args, k) for k in ("rates", "duration", "warmup", "jitter_buffer_ms", "timeout",
-                                                  "seed", "voice", "frames_per_word", "server_args")}
+                                                  "seed", "voice", "frames_per_word", "temperature",
+                                                  "server_args")}
         with open(args.out, "w") as f:
             json.dump({"command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                        "hardware": hardware(), "model": model["id"], "sample_rate": sample_rate,

@@ -1,9 +1,12 @@
-"""The open-loop benchmark's pure logic: playback clock, audibility, percentiles, arrivals, rate selection."""
+"""The open-loop benchmark's logic: playback clock, audibility, percentiles, arrivals, rate selection, and the
+request bodies it sends (which path of a Qwen3-TTS runner they take)."""
 
 from __future__ import annotations
 
+import json
 import random
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -17,8 +20,15 @@ from benchmarks.open_loop_bench import (
     load_corpus,
     percentile,
     poisson_arrivals,
+    request_body,
     summarize,
 )
+from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
+from streamvox.models.qwen3_tts.runtime.runner import Qwen3TTSRunner
+from streamvox.server.speech_params import parse_speech_settings
+from streamvox.settings import MediaPolicy, Qwen3Settings
+from tests.helpers.qwen3_harness import RecordingSink
+from tests.helpers.qwen3_tiny import build_tiny_checkpoint
 
 RATE = 22050
 SECOND = 2 * RATE  # bytes of s16le mono audio
@@ -117,3 +127,21 @@ def test_length_cap_is_frames_per_word_times_the_words_and_at_least_one() -> Non
     assert length_cap("Hello there, how are you today?", 5) == 30
     assert length_cap("one", 2.4) == 2
     assert length_cap("   ", 5) == 1
+
+
+def test_a_greedy_body_takes_the_fast_path_and_a_default_one_the_eager_path(tmp_path) -> None:
+    """The checkpoint's generation defaults sample, and sampled requests run on the eager path: a GPU run of
+    the benchmark measures the CUDA-graph fast path only with --temperature 0."""
+    model = Qwen3TTSModel.from_pretrained(build_tiny_checkpoint(tmp_path / "ckpt", "custom_voice"))
+    runner = Qwen3TTSRunner(model, None, max_batch=2, settings=Qwen3Settings(fast="1", ignore_eos=True))
+    text = max(load_corpus(CORPUS), key=lambda t: len(t.split()))
+    base = {"model": runner.info.name, "voice": runner.info.default_voice, "response_format": "pcm"}
+    sink = RecordingSink()
+    for rid, temperature in (("default", None), ("greedy", 0.0)):
+        body = json.loads(request_body(base, text, 5, temperature))
+        request = parse_speech_settings(body, runner.info, MediaPolicy())
+        assert request.sampling.max_new_tokens == length_cap(text, 5) and request.sampling.temperature == temperature
+        runner.add(msgspec.structs.replace(request, request_id=rid, text=body["input"]))
+    runner.step(sink)
+    assert not sink.errors
+    assert (runner.requests["default"].fast, runner.requests["greedy"].fast) == (False, True)

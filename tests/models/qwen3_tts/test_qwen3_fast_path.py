@@ -123,6 +123,18 @@ def test_ignore_eos_runs_to_length(model) -> None:
     assert eager == frames and done_e == done
 
 
+def test_sampled_requests_beside_a_fast_path_are_logged_once(model, caplog) -> None:
+    runner = Qwen3TTSRunner(model, None, max_batch=4, settings=Qwen3Settings(fast="1"))
+    sink = RecordingSink()
+    for i, temperature in enumerate((0.0, 0.9, None)):
+        runner.add(SpeechRequest(request_id=f"r{i}", text=TEXTS[i], voice="alice", language="english",
+                                 sampling=SamplingParams(temperature=temperature, max_new_tokens=4)))
+    with caplog.at_level("WARNING", logger="streamvox.models.qwen3_tts.runtime.scheduler"):
+        runner.step(sink)
+    assert [runner.requests[f"r{i}"].fast for i in range(3)] == [True, False, False]
+    assert sum("take the eager path" in r.getMessage() for r in caplog.records) == 1
+
+
 def _burst(model, batched: bool, n: int = 8, bucketed: bool = False) -> tuple[dict, dict, list[int]]:
     """n greedy requests of different prompt lengths arrive at once; returns frames, finishes and the
     number of prompts prefilled by the first step. `bucketed`: the prefill goes through the static

@@ -13,6 +13,7 @@ Each step:
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -25,6 +26,8 @@ from streamvox.models.qwen3_tts.runtime.fast_steps import FastSteps
 from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
 from streamvox.models.qwen3_tts.runtime.requests import Request
 from streamvox.models.qwen3_tts.runtime.timing import StepTiming
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -46,6 +49,7 @@ class Scheduler:
         self.max_prefill_batch = max_prefill_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.timing = timing
+        self.warned_eager = False  # a sampled request was sent to the eager path beside a fast path (logged once)
 
     def add(self, req: Request) -> None:
         self.requests[req.rid] = req
@@ -156,6 +160,10 @@ class Scheduler:
         req.prompt_tokens = n
         req.length, req.offset = n, prompt.track_offset
         req.fast = self.fast is not None and req.talker_sampling.greedy and req.predictor_sampling.greedy
+        if self.fast is not None and not req.fast and not self.warned_eager:
+            self.warned_eager = True
+            log.warning("sampled requests (temperature > 0, the checkpoint's default unless a request sends "
+                        "temperature 0) take the eager path, not the fast path")
         return prompt.embeds
 
     def _finish(self, sink: OutputSink) -> None:
