@@ -36,6 +36,7 @@ from streamvox.models.alignment.qwen3_aligner.words import (
 from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
 from streamvox.models.qwen3_tts.kernels.graphs import CAPTURE_LOCK
 from streamvox.models.qwen3_tts.model.checkpoint import load_state_dict, resolve_model_dir
+from streamvox.models.qwen3_tts.model.layers import rope_inv_freq
 from streamvox.models.qwen3_tts.speaker import resample
 from streamvox.models.qwen3_tts.text import load_tokenizer
 
@@ -81,9 +82,14 @@ class Qwen3ForcedAligner:
         with torch.device("meta"):
             module = ForcedAligner(cfg)
         module.load_state_dict(load_state_dict(model_dir), strict=True, assign=True)
-        # The position table is not in the checkpoint: it was made on meta, make it for real.
+        # The position tables are not in the checkpoint: they were made on meta, make them for real (the
+        # rotary frequencies in float32 whatever the dtype).
+        inv_freq = rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta)
         module.thinker.audio_tower.positions = sinusoids(cfg.audio.max_source_positions, cfg.audio.d_model)
-        return cls(cfg, module.to(device=device, dtype=dtype), load_tokenizer(model_dir), graphs)
+        module.thinker.model.inv_freq = inv_freq
+        module = module.to(device=device, dtype=dtype)
+        module.thinker.model.inv_freq = inv_freq.to(device)
+        return cls(cfg, module, load_tokenizer(model_dir), graphs)
 
     # aligning
 

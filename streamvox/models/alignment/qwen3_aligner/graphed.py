@@ -14,12 +14,15 @@ forbids only its own thread's unsafe calls (`thread_local`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from streamvox.models.alignment.qwen3_aligner.model import Thinker
 from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_host
+
+log = logging.getLogger(__name__)
 
 MAX_CLIPS = 16  # clips in a graph's batch
 LEN_STEP = 64  # prompt lengths are padded to a multiple of this
@@ -68,6 +71,7 @@ class GraphedForward:
         self._device = next(thinker.parameters()).device
         self._graphs: dict[Bucket, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._failed = False  # a capture failed: no more are tried
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -83,9 +87,15 @@ class GraphedForward:
             return None
         g = self._graphs.get(bucket)
         if g is None:
-            if len(self._graphs) >= MAX_GRAPHS:
+            if self._failed or len(self._graphs) >= MAX_GRAPHS:
                 return None
-            g = self._graphs[bucket] = self._buffers(bucket)
+            try:
+                g = self._buffers(bucket)
+            except RuntimeError:  # the aligner still works eagerly: say why, once, and stop capturing
+                log.exception("the word aligner's forward could not be captured as a CUDA graph; it runs eagerly")
+                self._failed = True
+                return None
+            self._graphs[bucket] = g
         padded = torch.zeros(bucket.clips, bucket.length, dtype=torch.long)
         padded[:rows, :length] = ids
         copy_from_host(g.ids, padded)

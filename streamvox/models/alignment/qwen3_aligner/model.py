@@ -34,12 +34,13 @@ class TextModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x `[B, T, hidden]` embeddings -> final-normed hidden states, causal, positions 0..T-1 in every row."""
         b, t, _ = x.shape
         positions = torch.arange(t, device=x.device).expand(b, t)
-        cos, sin = rope_cos_sin(rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta), positions, x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         cache = _NoCache()
         for layer in self.layers:
             x = layer(x, cos, sin, cache, None)
