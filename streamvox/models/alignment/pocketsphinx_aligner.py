@@ -44,6 +44,9 @@ _MAX_WORD_S, _MAX_PHONE_S = 0.6, 0.2  # a word's longest span: the larger of the
 class PocketsphinxAligner:
     """Aligns mono audio with the words it says; one alignment at a time (not thread-safe)."""
 
+    # Across many sentences the search loses its way more often (a 13 s, four-sentence text fails whole).
+    longest_job_s: float | None = 8.0
+
     def __init__(self, phonemes: Callable[[str], list[str]]) -> None:
         """`phonemes`: eSpeak's phoneme names for a text (`EspeakLibrary.phonemes` with an English voice)."""
         import pocketsphinx  # an optional dependency: only servers started with --aligner pocketsphinx load it

@@ -5,16 +5,17 @@ audio (as it is sent, untouched and undelayed) and their text kept, and a worker
 them while they speak: every `STEP_S` seconds of new audio, the audio since the last committed
 word's start (at most `_PARTIAL_MAX_S` of it) with the words from there to the end of the text fed
 so far (a partial job). Partial jobs keep timings ahead of playback, which runs in real time, so a
-request gets at most one every `STEP_S` seconds of wall time too, unless more than `_PARTIAL_MAX_S`
-of its audio waits for timings (a long job is costly, and a CPU aligner loses its way in one): one
-generated faster than real time needs few, and leaves the device to the model. Words
+request gets at most one every `STEP_S` seconds of wall time too, unless more of its audio waits for
+timings than the aligner is trusted with in one job (`WordAligner.longest_job_s`): a request generated
+faster than real time needs few, and leaves the device to the model. Words
 that two partial alignments in a row agree on, and that end well before the aligned audio does,
 are committed: their timings are sent at once (`stable_prefix.py`). The next job starts at the
 last committed word, aligned again but not sent again: an aligner's word ends are looser than its
 starts, and audio cut at an end that is a little early begins with a sound of no word it is given.
-Once a request's audio is complete, a final job aligns the rest, and its timings are sent, then
-its end. The worker takes every job waiting when it comes round (up to `_MAX_BATCH`) and
-aligns them together (`align_batch`: one forward of a GPU aligner).
+Once a request's audio is complete, a final job aligns the rest at once (the result of a partial job
+still running is then dropped), and its timings are sent, then its end. The worker takes every job
+waiting when it comes round (up to `_MAX_BATCH`) and aligns them together (`align_batch`: one
+forward of a GPU aligner).
 The audio path never waits on alignment: only the request's end does. Audio that cannot be
 aligned gets no timings at all (never guessed ones), and the request ends normally; a request
 released before its end keeps the timings already sent.
@@ -60,7 +61,8 @@ class _Timed:
     floor: float = 0.0  # where the last of them ends (s): no later word starts before it
     partial_at: int = 0  # samples received when its last partial job was queued
     partial_time: float = 0.0  # and when (the runner's clock)
-    busy: bool = False  # one of its jobs is being aligned
+    busy: bool = False  # one of its jobs is being aligned (two, while a final job follows a partial one)
+    final_queued: bool = False  # its final job is queued: a partial job's result is stale
     previous: dict[int, float] = field(default_factory=dict)  # uncommitted word -> start in the last partial
     ended: tuple[str, int, int] | None = None  # its audio is complete: its `finished` arguments
 
@@ -163,7 +165,8 @@ class AligningRunner:
         received = timed.base + timed.held
         rate = self.info.sample_rate
         now = self._clock()
-        paced = now - timed.partial_time >= STEP_S or timed.held > _PARTIAL_MAX_S * rate
+        longest = self._aligner.longest_job_s
+        paced = now - timed.partial_time >= STEP_S or (longest is not None and timed.held > longest * rate)
         if timed.busy or timed.ended or received - timed.partial_at < STEP_S * rate or not paced:
             return
         words = list(_WORD.finditer(timed.text))
@@ -181,14 +184,15 @@ class AligningRunner:
         if timed is None:
             return False
         timed.ended = (reason, input_tokens, output_tokens)
-        return timed.busy or self._queue_final(request_id, timed)
+        return self._queue_final(request_id, timed)
 
     def _queue_final(self, request_id: str, timed: _Timed) -> bool:
         """Its last job, if words are left (True), else the request is done with (False)."""
         words = list(_WORD.finditer(timed.text))
-        if len(words) == timed.committed:
+        if len(words) == timed.committed:  # (never so while a job runs: it has words to align)
             del self._timed[request_id]
             return False
+        timed.final_queued = True
         self._queue(request_id, timed, words, final=True)
         return True
 
@@ -211,6 +215,8 @@ class AligningRunner:
         timed = job.timed
         if self._timed.get(job.request_id) is not timed:  # released (or failed) meanwhile
             return
+        if timed.final_queued and not job.final:  # stale: the final job aligns its words again
+            return
         timed.busy = False
         if result.spans is not None:
             skip = timed.committed - job.first  # the committed word it starts at
@@ -225,9 +231,6 @@ class AligningRunner:
         if job.final:
             del self._timed[job.request_id]
             sink.finished(job.request_id, *timed.ended)
-        elif timed.ended:
-            if not self._queue_final(job.request_id, timed):
-                sink.finished(job.request_id, *timed.ended)
         else:
             self._queue_partial(job.request_id, timed)
 

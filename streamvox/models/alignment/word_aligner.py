@@ -15,6 +15,10 @@ class AlignmentFailed(Exception):
 
 
 class WordAligner(Protocol):
+    # The longest audio one alignment is trusted with (None: any the model takes): a request whose audio waiting
+    # for timings grows past it gets partial alignments however fast it is generated.
+    longest_job_s: float | None
+
     def align(self, pcm: np.ndarray, sample_rate: int, words: list[str]) -> Spans:
         """Each word's span; raises `AlignmentFailed`."""
         ...

@@ -137,6 +137,7 @@ class GatedAligner:
 
     def __init__(self, aligner: Qwen3ForcedAligner) -> None:
         self.aligner = aligner
+        self.longest_job_s = aligner.longest_job_s
         self.gate = threading.Event()
         self.sizes: list[int] = []
 
@@ -169,4 +170,24 @@ def test_requests_waiting_together_are_aligned_in_one_batch(spoken, tmp_path, mo
         assert timings.start == sorted(timings.start) and timings.end == sorted(timings.end)
         assert all(0 <= s <= e <= len(audio[text]) / espeak.sample_rate for s, e in zip(timings.start, timings.end,
                                                                                         strict=True))
+    runner.close()
+
+
+def test_a_final_job_is_queued_at_once_and_a_running_partial_one_dropped(spoken, tmp_path):
+    espeak, audio, _ = spoken
+    text = TEXTS["a"]
+    aligner = GatedAligner(Qwen3ForcedAligner.from_pretrained(build_tiny_aligner(tmp_path / "aligner")))
+    ticks = iter(range(10**6))
+    runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), aligner, clock=lambda: float(next(ticks)))
+    sink = RecordingSink()
+    runner.add(SpeechRequest(request_id="r", text=text, word_timestamps=True))
+    _run(runner, sink, until=lambda: aligner.sizes)  # a partial job, held by the gate
+    _run(runner, sink, until=lambda: runner._timed["r"].ended is not None)
+    assert runner._timed["r"].final_queued and aligner.sizes == [1]  # queued while the partial one runs
+    aligner.gate.set()
+    _run(runner, sink)
+    assert aligner.sizes == [1, 1]
+    words = [t for kind, rid, t in sink.log if kind == "words"]
+    assert len(words) == 1 and words[0].words == text.split()  # the final job's, every word once
+    assert [kind for kind, _, _ in sink.log][-2:] == ["words", "finished"]
     runner.close()

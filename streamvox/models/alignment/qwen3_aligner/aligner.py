@@ -53,6 +53,8 @@ class _Prepared:
 class Qwen3ForcedAligner:
     """Aligns mono audio with the words it says (any of the model's languages, one at a time: not thread-safe)."""
 
+    longest_job_s: float | None = None  # its 5000 classes of 80 ms reach 400 s; its audio tower attends in windows
+
     def __init__(self, cfg: AlignerConfig, module: ForcedAligner, tokenizer, graphs: str = "auto") -> None:
         """`graphs`: "auto" replays the forward from CUDA graphs on CUDA and runs it eagerly elsewhere; "1" pads
         batches to the graphs' buckets on any device (the CPU runs the padded batch directly); "0" is eager."""
