@@ -105,11 +105,8 @@ class AudioEncoder(nn.Module):
                 piece = features[row, :, start : start + size]
                 pieces.append(F.pad(piece, (0, chunk - size)) if size < chunk else piece)
                 valid.append(conv_length(size))
-        x = torch.stack(pieces).unsqueeze(1)  # [chunks, 1, n_mels, chunk]
-        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
-            x = F.gelu(conv(x))
-        n, channels, bins, steps = x.shape
-        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(n, steps, channels * bins))
+        x = self._downsample(torch.stack(pieces).unsqueeze(1))
+        steps = x.shape[1]
         x = x + self.positions[:steps].to(x.dtype)
         keep = torch.arange(steps, device=x.device)[None, :] < torch.tensor(valid, device=x.device)[:, None]
         flat = x[keep]  # the real positions of every chunk, clip after clip
@@ -127,11 +124,7 @@ class AudioEncoder(nn.Module):
         steps = conv_length(chunk)
         frame = torch.arange(total, device=features.device)
         x = features * (frame[None, :] < frames[:, None])[:, None, :]  # a clip's last chunk is zero-padded
-        x = x.view(b, mels, chunks, chunk).transpose(1, 2).reshape(b * chunks, 1, mels, chunk)
-        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
-            x = F.gelu(conv(x))
-        n, channels, bins, _ = x.shape
-        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(n, steps, channels * bins))
+        x = self._downsample(x.view(b, mels, chunks, chunk).transpose(1, 2).reshape(b * chunks, 1, mels, chunk))
         x = (x + self.positions[:steps].to(x.dtype)).view(b, chunks * steps, -1)
         full, tail = frames // chunk, frames % chunk
         for _ in range(3):
@@ -148,6 +141,16 @@ class AudioEncoder(nn.Module):
             h = layer(h, mask)
         h = h.view(b, chunks * steps, -1)
         return self.proj2(self.act(self.proj1(self.ln_post(h)))), lengths
+
+    def _downsample(self, x: torch.Tensor) -> torch.Tensor:
+        """Chunks `[N, 1, n_mels, chunk]` -> `[N, positions, d_model]`: the convolutions (channels-last on CUDA,
+        the layout cuDNN's tensor-core kernels take), then the projection of each position's channels x bins."""
+        if x.is_cuda:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+            x = F.gelu(conv(x))
+        n, channels, bins, steps = x.shape
+        return self.conv_out(x.permute(0, 3, 1, 2).reshape(n, steps, channels * bins))
 
     def _encode(self, flat: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """The transformer over windows of each clip's positions (`sizes`, one after another in `flat`)."""
