@@ -131,19 +131,29 @@ def test_words_are_committed_while_the_request_speaks_at_espeaks_times(spoken):
     assert 0 <= timings.start[0] and timings.end[-1] <= len(pcm) / espeak.sample_rate
 
 
+def _batch_sizes(aligner) -> list[int]:
+    """The size of each batch `aligner` aligns from now on (its `align_batch` wrapped to record them)."""
+    sizes: list[int] = []
+    align_batch = aligner.align_batch
+
+    def recorded(items, open_end=None):
+        sizes.append(len(items))
+        return align_batch(items, open_end)
+
+    aligner.align_batch = recorded
+    return sizes
+
+
 def test_a_model_faster_than_real_time_gets_fewer_partial_jobs(spoken):
     espeak, pcm, truth = spoken
     jobs = {}
     for real_time in (True, False):
         sink = RecordingSink()
         runner = _aligning(spoken, sink, real_time)
-        aligner = runner._aligner
-        counted = []
-        align_batch = aligner.align_batch
-        aligner.align_batch = lambda items, open_end=None: counted.append(len(items)) or align_batch(items, open_end)
+        sizes = _batch_sizes(runner._aligner)
         _speak(runner, sink, truth)
         runner.close()
-        jobs[real_time] = sum(counted)
+        jobs[real_time] = sum(sizes)
         timings = WordTimings.join([t for kind, _, t in sink.log if kind == "words"])
         assert len(timings) == len(TEXT.split())  # every word timed, either way
         errors = [abs(timings.start[i] - start) for i, start in truth.items()]
