@@ -9,6 +9,7 @@ address is checked afterwards.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -44,6 +45,9 @@ def serve_replicas(settings: ServerSettings, options: ScaleOptions) -> int:
             while True:
                 time.sleep(3600)
         finally:
+            # Ray's teardown has no time limit of its own: a stop that stalls past the replicas' drain prints every
+            # thread's stack and exits (1), rather than hanging unseen.
+            faulthandler.dump_traceback_later(options.graceful_shutdown_timeout_s + 60, exit=True)
             stop(options, deployed_by=token)
     except KeyboardInterrupt:
         return 0

@@ -80,8 +80,13 @@ class Command:
             time.sleep(0.3)
 
     def interrupt(self) -> int:
+        """SIGINT, then its exit status. A stop that stalls exits by itself after the drain plus 60 s (120 s
+        here), printing its threads' stacks: they are in the failure's message."""
         self.process.send_signal(signal.SIGINT)
-        return self.process.wait(120)
+        try:
+            return self.process.wait(180)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the command did not stop:\n" + "".join(self.lines[-200:])) from None
 
     def kill(self) -> None:
         if self.process.poll() is None:
