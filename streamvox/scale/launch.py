@@ -35,7 +35,10 @@ def serve_replicas(settings: ServerSettings, options: ScaleOptions) -> int:
     """Run until SIGINT or SIGTERM; then stop the replicas (letting their requests finish) and Ray."""
     try:
         start_ray(options)
-        signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets its own
+        # After ray.init, which sets its own. SIGINT too: a process started with it ignored (a background job of a
+        # non-interactive shell) would otherwise never stop on it.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
         token = None
         try:
             token = deploy(settings, options)

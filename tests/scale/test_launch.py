@@ -68,7 +68,9 @@ class Command:
     def __init__(self, cluster, address: str) -> None:
         command = [sys.executable, "-m", "streamvox.cli", "serve", "--replicas", "1", "--ray-address", address,
                    "--port", str(cluster.port)]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        # Started with SIGINT ignored, as a non-interactive shell starts a background job: it must still stop on it.
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True).start()
 
