@@ -91,7 +91,7 @@ class Qwen3ForcedAligner:
         module.thinker.model.inv_freq = inv_freq
         module = module.to(device=device, dtype=dtype)
         module.thinker.model.inv_freq = inv_freq.to(device)
-        if module.thinker.model.inv_freq.is_cuda:  # the audio tower's convolutions run channels-last there
+        if torch.device(device).type == "cuda":  # the audio tower's convolutions run channels-last there
             module.thinker.audio_tower.to(memory_format=torch.channels_last)
         return cls(cfg, module, load_tokenizer(model_dir), graphs)
 

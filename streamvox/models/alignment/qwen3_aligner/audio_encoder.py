@@ -21,17 +21,17 @@ from streamvox.models.alignment.qwen3_aligner.config import AudioEncoderConfig
 from streamvox.models.qwen3_tts.model.layers import activation
 
 
-def conv_length(frames: int) -> int:
-    """Positions the three stride-2 convolutions make of `frames` mel frames."""
+def conv_length(frames):
+    """Positions the three stride-2 convolutions make of `frames` mel frames (an int, or a tensor of them)."""
     for _ in range(3):
         frames = (frames - 1) // 2 + 1
     return frames
 
 
-def encoded_length(frames: int, chunk: int) -> int:
-    """Positions the tower makes of a clip of `frames` mel frames, cut into chunks of `chunk` frames."""
-    full, tail = divmod(frames, chunk)
-    return full * conv_length(chunk) + (conv_length(tail) if tail else 0)
+def encoded_length(frames, chunk: int):
+    """Positions the tower makes of a clip of `frames` mel frames (an int, or a tensor of them), cut into chunks
+    of `chunk` frames."""
+    return frames // chunk * conv_length(chunk) + conv_length(frames % chunk)  # conv_length(0) is 0
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -126,10 +126,7 @@ class AudioEncoder(nn.Module):
         x = features * (frame[None, :] < frames[:, None])[:, None, :]  # a clip's last chunk is zero-padded
         x = self._downsample(x.view(b, mels, chunks, chunk).transpose(1, 2).reshape(b * chunks, 1, mels, chunk))
         x = (x + self.positions[:steps].to(x.dtype)).view(b, chunks * steps, -1)
-        full, tail = frames // chunk, frames % chunk
-        for _ in range(3):
-            tail = torch.div(tail - 1, 2, rounding_mode="floor") + 1
-        lengths = full * steps + tail
+        lengths = encoded_length(frames, chunk)
         per_window = self.cfg.n_window_infer // chunk
         width = steps * min(chunks, per_window)
         position = torch.arange(chunks * steps, device=x.device)
