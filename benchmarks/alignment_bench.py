@@ -11,8 +11,8 @@ of audio. `--aligner` is "pocketsphinx" or a Qwen3-ForcedAligner-0.6B directory 
 
 `--latency` times instead what serving pays per clause on the device: batches of N clauses
 (`--streams`, one clause per stream) of typical length (2-4 s of audio, 6-12 words), each one
-`align_batch` (features, one forward, the timings read back), after warm-up; p50 and p95 ms per
-batch (target: p50 <= 15 ms at 16 streams).
+`align_batch` (resampling and features on the device, prompts, one forward, the timings read back), after
+warm-up; p50 and p95 ms per batch (target: p50 <= 15 ms at 16 streams).
 
 `--streaming` measures the serving runner's incremental path (`AligningRunner`): requests of
 `--join` consecutive corpus sentences, each request's audio fed in `--chunk` s chunks (its text
@@ -25,7 +25,7 @@ timing was sent) and the share committed before the end. Examples:
   python benchmarks/alignment_bench.py --aligner pocketsphinx --streaming
   python benchmarks/make_real_shape_checkpoint.py --aligner --out /tmp/fa-0.6b
   python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --streams 1 16
-  python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --graphs 0  # eager
+  python benchmarks/alignment_bench.py --aligner /tmp/fa-0.6b --device cuda --latency --graphs 0 --fused 0  # eager
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def reference_starts(text: str, events, sample_rate: int) -> list[float | None]:
     return starts
 
 
-def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str, graphs: str) -> WordAligner:
+def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str, graphs: str, fused: str) -> WordAligner:
     if name == "pocketsphinx":
         from streamvox.models.alignment.pocketsphinx_aligner import PocketsphinxAligner
 
@@ -76,7 +76,7 @@ def load_aligner(name: str, espeak: EspeakLibrary, device: str, dtype: str, grap
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return Qwen3ForcedAligner.from_pretrained(name, device, getattr(torch, dtype), graphs)
+    return Qwen3ForcedAligner.from_pretrained(name, device, getattr(torch, dtype), graphs, fused)
 
 
 def synthesise(espeak: EspeakLibrary, text: str) -> tuple[np.ndarray, list]:
@@ -276,6 +276,8 @@ def main() -> int:
                         help="Qwen3 aligner precision (default: bfloat16 on CUDA, float32 on the CPU)")
     parser.add_argument("--graphs", default="auto", choices=("auto", "0", "1"),
                         help="Qwen3 aligner: its forward from CUDA graphs (auto: on CUDA; 0: eager)")
+    parser.add_argument("--fused", default="auto", choices=("auto", "0", "1"),
+                        help="Qwen3 aligner: its text layers fused and compiled (auto: on CUDA; 0: plain layers)")
     parser.add_argument("--corpus", default=CORPUS)
     parser.add_argument("--voice", default="en-us")
     parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
@@ -292,10 +294,11 @@ def main() -> int:
     sentences = [line.strip() for line in open(args.corpus, encoding="utf-8") if line.strip()][: args.limit]
     espeak = EspeakLibrary()
     espeak.set_voice(args.voice)
-    aligner = load_aligner(args.aligner, espeak, args.device, args.dtype, args.graphs)
+    aligner = load_aligner(args.aligner, espeak, args.device, args.dtype, args.graphs, args.fused)
     figures = {"aligner": args.aligner}
     if hasattr(aligner, "device"):
-        figures.update(device=str(aligner.device), dtype=str(aligner.dtype).removeprefix("torch."))
+        figures.update(device=str(aligner.device), dtype=str(aligner.dtype).removeprefix("torch."),
+                       graphs=args.graphs, fused=args.fused)
     measure = latency if args.latency else streaming if args.streaming else accuracy
     figures.update(measure(args, sentences, espeak, aligner))
     if getattr(aligner, "graphed", None) is not None:

@@ -133,6 +133,7 @@ class Qwen3Settings:
     codec_graphs: str = "auto"  # CODEC_GRAPHS: the slot decoder (1 on, also on the CPU; 0 off; auto: CUDA)
     ignore_eos: bool = False  # IGNORE_EOS=1: never choose end-of-speech (fixed-length benchmark output)
     aligner_graphs: str = "auto"  # ALIGNER_GRAPHS: the word aligner's graphs (1: also on the CPU, uncaptured)
+    aligner_fused: str = "auto"  # ALIGNER_FUSED: the word aligner's text layers fused (1: also on the CPU, uncompiled)
     timing: bool = False  # TIMING=1: log where each engine step's time goes (runtime/timing.py)
     timing_steps: int = 250  # TIMING_STEPS: engine steps per timing report
 

@@ -49,4 +49,4 @@ def load_runner(model: str, device: str = "auto", dtype: str = "auto", max_batch
     from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 
     return AligningRunner(runner, Qwen3ForcedAligner.from_pretrained(aligner, device, getattr(torch, dtype),
-                                                                     settings.aligner_graphs))
+                                                                     settings.aligner_graphs, settings.aligner_fused))

@@ -107,3 +107,14 @@ def speechlike(seconds: float, seed: int) -> np.ndarray:
     t = np.arange(round(seconds * RATE)) / RATE
     tone = 0.3 * np.sin(2 * np.pi * (180 + 40 * seed) * t) * (np.sin(2 * np.pi * 1.5 * t + seed) > 0)
     return (tone + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+ITEM_TEXTS = ["Hello world, this is a small test of the aligner.", "Captions need 42 timings!",
+              "The quick brown fox jumps over the lazy dog, again and again and again and again.", "Quick, brown fox."]
+# Seconds: under one chunk, off the hop, and past one 8 s attention window (two windows once padded).
+ITEM_SECONDS = [0.55, 2.0 + 77 / RATE, 10.3, 3.4]
+
+
+def speechlike_items(count: int) -> list:
+    """`count` (pcm, rate, words) items to align, of the lengths and texts above in turn."""
+    return [(speechlike(ITEM_SECONDS[i % 4], i), RATE, ITEM_TEXTS[i % 4].split()) for i in range(count)]

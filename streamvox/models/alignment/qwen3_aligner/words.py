@@ -10,6 +10,7 @@ of one or two is filled from its nearer kept neighbour, a longer gap is interpol
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 AUDIO_START = "<|audio_start|>"
@@ -29,7 +30,8 @@ def _is_cjk(ch: str) -> bool:
             or 0xF900 <= code <= 0xFAFF)
 
 
-def units(word: str) -> list[str]:
+@functools.lru_cache(maxsize=1 << 16)  # words recur from request to request
+def units(word: str) -> tuple[str, ...]:
     """The units the aligner times for one whitespace-separated word (none for punctuation alone)."""
     out, run = [], ""
     for ch in (ch for ch in word if _kept(ch)):
@@ -40,7 +42,7 @@ def units(word: str) -> list[str]:
             out.append(ch)
         else:
             run += ch
-    return out + [run] if run else out
+    return tuple(out + [run] if run else out)
 
 
 def prompt_text(unit_list: list[str]) -> str:

@@ -144,8 +144,9 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class _Decoder(nn.Module):
-    """Shared forward of the talker and code-predictor stacks (`layers`, `norm`, `rotary`)."""
+class DecoderStack(nn.Module):
+    """Shared forward of the Qwen3 decoder stacks (`layers`, `norm`, `rotary`): the talker, the code predictor and
+    the forced aligner's text body."""
 
     layers: nn.ModuleList
     norm: RMSNorm
@@ -165,7 +166,7 @@ class _Decoder(nn.Module):
         return self.norm(x)
 
 
-class TalkerModel(_Decoder):
+class TalkerModel(DecoderStack):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
@@ -175,7 +176,7 @@ class TalkerModel(_Decoder):
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
 
 
-class CodePredictorModel(_Decoder):
+class CodePredictorModel(DecoderStack):
     def __init__(self, cfg: DecoderConfig, embedding_dim: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])

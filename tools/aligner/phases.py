@@ -1,0 +1,78 @@
+"""Where a batch of clauses spends its time in the Qwen3 forced aligner's `align_batch`, step by step.
+
+Not shipped and not a benchmark (`benchmarks/alignment_bench.py --latency` gives the figure): this splits one
+batch's wall time into its steps, each waited for on the device before the next starts:
+prepare (checks, on the host), inputs (features on the device, prompts), forward (bucket copy-in, graph replay
+or eager forward, classes back to the host) and post (times repaired, word spans).
+
+  python tools/aligner/phases.py --aligner /tmp/fa --device cuda [--fused 0] [--graphs 0] [--streams 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.alignment_bench import CORPUS, clauses  # noqa: E402
+from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner  # noqa: E402
+from streamvox.models.alignment.qwen3_aligner.words import repaired, word_spans  # noqa: E402
+from streamvox.models.espeak.library import EspeakLibrary  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--aligner", required=True, help="a Qwen3-ForcedAligner checkpoint directory")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--graphs", default="auto", choices=("auto", "0", "1"))
+    ap.add_argument("--fused", default="auto", choices=("auto", "0", "1"))
+    ap.add_argument("--streams", type=int, default=16, help="clauses a batch")
+    ap.add_argument("--batches", type=int, default=30, help="timed batches, after as many untimed ones")
+    args = ap.parse_args()
+
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    espeak = EspeakLibrary()
+    espeak.set_voice("en-us")
+    pool = clauses([line.strip() for line in open(CORPUS, encoding="utf-8") if line.strip()], espeak)
+    started = time.perf_counter()
+    aligner = Qwen3ForcedAligner.from_pretrained(args.aligner, args.device,
+                                                 torch.bfloat16 if cuda else torch.float32, args.graphs, args.fused)
+    print(f"loaded (warmed up, on CUDA) in {time.perf_counter() - started:.1f} s")
+    n = args.streams
+    batches = [[pool[(b * n + i) % len(pool)] for i in range(n)] for b in range(2 * args.batches)]
+    steps: dict[str, list[float]] = {"prepare": [], "inputs": [], "forward": [], "post": []}
+    for b, batch in enumerate(batches):
+        sync()
+        t0 = time.perf_counter()
+        _, prepared = aligner._prepare(batch)
+        t1 = time.perf_counter()
+        with aligner._on_device():
+            ids, markers, features, frames = aligner._inputs(prepared)
+            sync()
+            t2 = time.perf_counter()
+            every = aligner.graphed.classes(ids, features, frames) if aligner.graphed is not None else None
+            if every is None:  # eager
+                logits = aligner.module.thinker(ids.to(aligner.device), features, frames, markers.to(aligner.device))
+                classes = logits.argmax(dim=-1).cpu().split(markers.sum(dim=1).tolist())
+            else:
+                classes = every[markers].split(markers.sum(dim=1).tolist())
+            sync()
+            t3 = time.perf_counter()
+        for item, part in zip(prepared, classes, strict=True):
+            word_spans(item.words, repaired([c * aligner.cfg.timestamp_segment_ms for c in part.tolist()]))
+        t4 = time.perf_counter()
+        if b >= args.batches:
+            for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                steps[name].append(1000 * seconds)
+    print(f"{n} clauses a batch, p50 ms: " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items()))
+
+
+if __name__ == "__main__":
+    main()
