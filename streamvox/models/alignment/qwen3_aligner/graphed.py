@@ -15,6 +15,7 @@ forbids only its own thread's unsafe calls (`thread_local`).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +90,7 @@ class GraphedForward:
         if g is None:
             if self._failed or len(self._graphs) >= MAX_GRAPHS:
                 return None
+            started = time.perf_counter()
             try:
                 g = self._buffers(bucket)
             except RuntimeError:  # the aligner still works eagerly: say why, once, and stop capturing
@@ -96,6 +98,10 @@ class GraphedForward:
                 self._failed = True
                 return None
             self._graphs[bucket] = g
+            if g.graph is not None:  # a capture in serving delays the alignments waiting for it: say how long
+                log.info("word aligner: graph of %d clips x %d chunks x %d positions captured in %.0f ms (%d held)",
+                         bucket.clips, bucket.chunks, bucket.length, 1000 * (time.perf_counter() - started),
+                         len(self._graphs))
         padded = torch.zeros(bucket.clips, bucket.length, dtype=torch.long)
         padded[:rows, :length] = ids
         copy_from_host(g.ids, padded)
