@@ -91,18 +91,30 @@ def test_every_protocol_through_the_proxy_matches_a_direct_server(replicas, espe
 
 
 def test_requests_spread_over_both_replicas(replicas):
-    async def one(client: httpx.AsyncClient, delay: float) -> str:
+    """Serve's router sends a request to the replica with fewer in flight. Each stream is held open until all six
+    are placed: a whole request takes about 0.2 s here, so requests that ran to their end would find both replicas
+    idle, and the router would place them by coin flips (all six on one replica about one run in thirty)."""
+    count = 6
+
+    async def one(client: httpx.AsyncClient, delay: float, placed: list[str], all_placed: asyncio.Event) -> None:
         await asyncio.sleep(delay)  # Serve's router sees each replica's load before it places the next request
-        response = await client.post(f"{replicas.url}/v1/audio/speech", json={"input": MINUTE_TEXT,
-                                                                              "response_format": "pcm"})
-        assert response.status_code == 200
-        return replica_of(response)
+        body = {"input": MINUTE_TEXT, "response_format": "pcm"}
+        async with client.stream("POST", f"{replicas.url}/v1/audio/speech", json=body) as response:
+            assert response.status_code == 200
+            placed.append(replica_of(response))
+            if len(placed) == count:
+                all_placed.set()
+            await asyncio.wait_for(all_placed.wait(), 60)
 
     async def run() -> list[str]:
+        placed: list[str] = []
+        all_placed = asyncio.Event()
         async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*(one(client, 0.2 * i) for i in range(6)))
+            await asyncio.gather(*(one(client, 0.2 * i, placed, all_placed) for i in range(count)))
+        return placed
 
-    assert len(set(asyncio.run(run()))) == 2
+    placed = asyncio.run(run())
+    assert len(placed) == count and len(set(placed)) == 2
     seen = health_by_replica(replicas.url, 2)
     assert all(health["replica"] == name for name, health in seen.items())
 
