@@ -1,8 +1,8 @@
 """Whisper-style log-mel features of a batch of clips, as the aligner's feature extractor makes them, all on the device.
 
-Clips at another rate are first resampled to the feature rate there, by a polyphase windowed-sinc filter (Kaiser
-window, 32 zero crossings, passband to 95% of the lower Nyquist frequency): the reference resamples with soxr's HQ
-filter on the CPU, which for a batch of sixteen 3 s clips took longer than the aligner's whole forward on an H100.
+Clips at another rate are first resampled to the feature rate there, by a polyphase Kaiser-windowed sinc filter
+(`_ZEROS`, `_PASSBAND`, `_BETA`, chosen to match soxr's HQ filter, which the reference uses on the CPU: that took
+longer for a batch of sixteen 3 s clips than the aligner's whole forward on an H100).
 Each clip is then scaled down by its peak if louder than full scale, as the reference does.
 
 A batch is zero-padded to its longest clip before the STFT (centred, reflect-padded, Hann window),
