@@ -19,7 +19,9 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
                STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
                TTFP / E2E / RTF / playback stall p50 p95 p99 and audio seconds per second at each concurrency, with
-               serving_bench's minimal HTTP client and with httpx (--clients);
+               serving_bench's minimal HTTP client and with httpx (--clients); with --aligner, SSE with word
+               timestamps off then on, --rounds times over at each level, and the tail: how long a request's end
+               came after its last audio;
   --reference  the upstream `qwen-tts` package on the same GPU and weights (run with --ref-python and
                --ref-path, its own transformers), greedy, 125 frames: its RTF (TTFP = E2E: no streaming).
 
@@ -710,7 +712,8 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str, t
     if sse:
         row["timestamp_events_min"] = min(r["timestamp_events"] for r in results)
     for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
-                       ("rtf", [r["rtf"] for r in results]), ("stall_ms", [r["stall"] * 1000 for r in results])):
+                       ("rtf", [r["rtf"] for r in results]), ("stall_ms", [r["stall"] * 1000 for r in results]),
+                       ("tail_ms", [r["tail"] * 1000 for r in results])):
         for q in (50, 95, 99):
             row[f"{name}_p{q}"] = float(np.percentile(vals, q))
     audio = sum(r["audio_s"] for r in results)
@@ -720,9 +723,10 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str, t
 
 
 def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str],
-          aligner: str | None = None) -> list[dict]:
+          aligner: str | None = None, rounds: int = 1) -> list[dict]:
     """The levels with each client; with `aligner` (a server started with `--aligner`), SSE with word timestamps
-    off, then on, at each level (raw client)."""
+    off, then on, at each level (raw client), `rounds` times over: the off rounds' spread is the run-to-run
+    spread the on rounds are judged against."""
     from tests.helpers.server import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
@@ -739,24 +743,26 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, client
     log(f"# server up in {time.time() - t0:.1f}s")
     rows = []
     try:
-        runs = [("raw", False), ("raw", True)] if aligner else [(client, None) for client in clients]
-        for client, timestamps in runs:
-            for c in levels:
-                row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client, timestamps))
-                rows.append(row)
-                log(json.dumps(row))
+        if aligner:
+            runs = [(c, "raw", stamps) for c in levels for _ in range(rounds) for stamps in (False, True)]
+        else:
+            runs = [(c, client, None) for client in clients for c in levels]
+        for c, client, timestamps in runs:
+            row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client, timestamps))
+            rows.append(row)
+            log(json.dumps(row))
     finally:
         server.stop()
     log("\n| client | word timestamps | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 "
-        "| E2E p99 | RTF p50 | RTF p95 | RTF p99 | audio s/s | stall p50 ms | stall p95 |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "| E2E p99 | RTF p50 | RTF p95 | RTF p99 | audio s/s | stall p50 ms | stall p95 | tail p50 ms |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stamps = {None: "-", False: "off (SSE)", True: "on (SSE)"}[r["word_timestamps"] if r["sse"] else None]
         log(f"| {r['client']} | {stamps} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
             f"| {r['ttfp_ms_p99']:.1f} "
             f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
             f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['audio_s_per_s']:.1f} | {r['stall_ms_p50']:.0f} "
-            f"| {r['stall_ms_p95']:.0f} |")
+            f"| {r['stall_ms_p95']:.0f} | {r['tail_ms_p50']:.1f} |")
     return rows
 
 
@@ -834,6 +840,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--aligner", default=None, help="--serve: a forced-aligner checkpoint; SSE, timestamps off and on")
+    ap.add_argument("--rounds", type=int, default=1, help="--serve --aligner: timestamps off then on, this many times")
     ap.add_argument("--ref-runs", type=int, default=3)
     ap.add_argument("--ref-python", default=sys.executable)
     ap.add_argument("--ref-path", default="")
@@ -862,7 +869,7 @@ def main() -> None:
              ("predictor_kernel", lambda: one_launch_kernel(args.model, "predictor")),
              ("talker_kernel", lambda: one_launch_kernel(args.model, "talker")),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients,
-                                     args.aligner)),
+                                     args.aligner, args.rounds)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:
         if not getattr(args, name):

@@ -55,10 +55,12 @@ class Playback:
         self.bytes_per_s = 2 * sample_rate
         self.until: float | None = None  # when the audio received so far runs out
         self.stall = 0.0
+        self.last = 0.0  # when the last audio arrived
 
     def add(self, now: float, nbytes: int) -> None:
         if not nbytes:
             return
+        self.last = now
         if self.until is None:
             self.until = now
         elif now > self.until:
@@ -68,11 +70,13 @@ class Playback:
 
 
 def _timings(start: float, ttfp: float | None, playback: Playback, pcm_bytes: int, sample_rate: int) -> dict:
-    """One request's TTFP, E2E (now), audio seconds (s16le mono), RTF and playback stall."""
-    e2e = time.perf_counter() - start
+    """One request's TTFP, E2E (now), audio seconds (s16le mono), RTF, playback stall, and tail: how long its
+    end came after its last audio (what waiting for its last word timings adds)."""
+    now = time.perf_counter()
+    e2e = now - start
     audio_s = pcm_bytes / 2 / sample_rate
     return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf"),
-            "stall": playback.stall}
+            "stall": playback.stall, "tail": now - playback.last if playback.last else 0.0}
 
 
 async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_rate: int) -> dict:

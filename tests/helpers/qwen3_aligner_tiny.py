@@ -111,7 +111,7 @@ def speechlike(seconds: float, seed: int) -> np.ndarray:
 
 ITEM_TEXTS = ["Hello world, this is a small test of the aligner.", "Captions need 42 timings!",
               "The quick brown fox jumps over the lazy dog, again and again and again and again.", "Quick, brown fox."]
-# Seconds: under one chunk, off the hop, and past one 8 s attention window (two windows once padded).
+# Seconds: under one chunk, off the hop, and past one 8 s attention window (a second window, cut short).
 ITEM_SECONDS = [0.55, 2.0 + 77 / RATE, 10.3, 3.4]
 
 

@@ -13,9 +13,9 @@ are committed: their timings are sent at once (`stable_prefix.py`). The next job
 last committed word, aligned again but not sent again: an aligner's word ends are looser than its
 starts, and audio cut at an end that is a little early begins with a sound of no word it is given.
 Once a request's audio is complete, a final job aligns the rest at once (the result of a partial job
-still running is then dropped), and its timings are sent, then its end. The worker takes every job
-waiting when it comes round (up to `_MAX_BATCH`) and aligns them together (`align_batch`: one
-forward of a GPU aligner).
+still running is then dropped), and its timings are sent, then its end. The jobs of one engine step
+reach the worker together; it takes every job waiting when it comes round and aligns them in batches
+of up to `_MAX_BATCH` (`align_batch`: one forward of a GPU aligner).
 The audio path never waits on alignment: only the request's end does. Audio that cannot be
 aligned gets no timings at all (never guessed ones), and the request ends normally; a request
 released before its end keeps the timings already sent.
@@ -27,6 +27,7 @@ import logging
 import math
 import queue
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,9 +42,13 @@ from streamvox.models.alignment.word_aligner import AlignmentFailed, Spans, Word
 
 log = logging.getLogger(__name__)
 
+# The worker's Python holds the interpreter lock that the engine's thread needs between frame steps, and a
+# waiting thread gets it only after the switch interval (5 ms by default: about one frame step of 16 streams
+# on an H100).
+_SWITCH_INTERVAL_S = 0.001
 _WORD = re.compile(r"\S+")
 _IDLE_WAIT_S = 0.005  # how long a step waits for an alignment when the model has nothing to do
-_MAX_BATCH = 32  # jobs aligned together
+_MAX_BATCH = 16  # jobs aligned together (the most the GPU aligner replays from a CUDA graph)
 _PARTIAL_MAX_S = 8.0  # the most audio a partial job aligns (one attention window of the GPU aligner)
 # A partial job takes at most this many words per second of its audio (plus a few): faster than anyone
 # speaks, so it holds every word the audio does, but not a long text's far tail.
@@ -97,8 +102,10 @@ class AligningRunner:
         self._aligner = aligner
         self._timed: dict[str, _Timed] = {}  # requests that asked for timings, until they end
         self._in_flight = 0  # jobs queued and not yet collected (those of released requests too)
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._step_jobs: list[_Job] = []  # queued by this step, not yet handed to the worker
+        self._jobs: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()  # each step's jobs
         self._results: queue.SimpleQueue[_Aligned] = queue.SimpleQueue()
+        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         self._worker = threading.Thread(target=self._align_jobs, name="aligner", daemon=True)
         self._worker.start()
 
@@ -132,14 +139,19 @@ class AligningRunner:
             wait = 0.0
         else:
             wait = _IDLE_WAIT_S
-        while self._in_flight:
+        while self._in_flight > len(self._step_jobs):
             try:
                 result = self._results.get(timeout=wait) if wait else self._results.get_nowait()
             except queue.Empty:
-                return
+                break
             wait = 0.0
             self._in_flight -= 1
             self._collect(result, sink)
+        # The step's jobs go to the worker as one item, so those of requests that ended together are aligned in
+        # one batch, not the first alone.
+        if self._step_jobs:
+            self._jobs.put(self._step_jobs)
+            self._step_jobs = []
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -207,7 +219,7 @@ class AligningRunner:
             pcm = pcm[: round(_PARTIAL_MAX_S * rate)]
         timed.busy = True
         self._in_flight += 1
-        self._jobs.put(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,
+        self._step_jobs.append(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,
                             (timed.base + len(pcm)) / rate, final))
 
     def _collect(self, result: _Aligned, sink: OutputSink) -> None:
@@ -247,19 +259,20 @@ class AligningRunner:
     # alignment (worker thread)
 
     def _align_jobs(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            jobs = [job]
+        while (jobs := self._jobs.get()) is not None:
             while len(jobs) < _MAX_BATCH:
                 try:
-                    job = self._jobs.get_nowait()
+                    more = self._jobs.get_nowait()
                 except queue.Empty:
                     break
-                if job is None:
+                if more is None:
                     self._jobs.put(None)  # closing: align what was taken, then stop
                     break
-                jobs.append(job)
-            for job, spans in zip(jobs, self._align(jobs), strict=True):
-                self._results.put(_Aligned(job, spans))
+                jobs = jobs + more
+            for start in range(0, len(jobs), _MAX_BATCH):
+                batch = jobs[start : start + _MAX_BATCH]
+                for job, spans in zip(batch, self._align(batch), strict=True):
+                    self._results.put(_Aligned(job, spans))
 
     def _align(self, jobs: list[_Job]) -> list[Spans | None]:
         """Each job's spans (None: its audio could not be aligned)."""

@@ -173,6 +173,22 @@ def test_requests_waiting_together_are_aligned_in_one_batch(spoken, tmp_path, mo
     runner.close()
 
 
+def test_requests_ending_in_one_step_are_aligned_in_one_batch(spoken, tmp_path, monkeypatch):
+    """Their final jobs reach the worker together, whenever its thread runs (not the first job alone)."""
+    espeak, audio, _ = spoken
+    monkeypatch.setattr(runner_module, "STEP_S", 1e9)  # final jobs only
+    aligner = GatedAligner(Qwen3ForcedAligner.from_pretrained(build_tiny_aligner(tmp_path / "aligner")))
+    aligner.gate.set()
+    runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), aligner)
+    sink = RecordingSink()
+    for request_id in ("r0", "r1", "r2"):  # the same audio: they end in the same step
+        runner.add(SpeechRequest(request_id=request_id, text=TEXTS["b"], word_timestamps=True))
+    _run(runner, sink)
+    assert aligner.sizes == [3]
+    assert sorted(rid for kind, rid, _ in sink.log if kind == "finished") == ["r0", "r1", "r2"]
+    runner.close()
+
+
 def test_a_final_job_is_queued_at_once_and_a_running_partial_one_dropped(spoken, tmp_path):
     espeak, audio, _ = spoken
     text = TEXTS["a"]

@@ -5,9 +5,9 @@ safetensors, tokenizer files) with no transformers dependency. `align_batch` pad
 prompts into one non-autoregressive forward on the device; `align` is one clip's batch. On CUDA that forward
 is replayed from a CUDA graph per bucket of batch shape (`graphed.py`), its text layers are the fast path's
 fused ones (`TextModel.fuse`), its features are made on the device from audio at any rate (`features.py`), and
-the aligner runs on a stream of its own, so the speech model's work never waits on its queue, and not while
-the speech model captures a CUDA graph (`CAPTURE_LOCK`: a capture fails if another thread allocates or
-synchronises meanwhile).
+the aligner runs on a stream of its own at the lowest priority (the speech model's work never waits on its
+queue, and gets the SMs first), and not while the speech model captures a CUDA graph (`CAPTURE_LOCK`: a capture
+fails if another thread allocates or synchronises meanwhile).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from streamvox.models.alignment.qwen3_aligner.words import (
     word_spans,
 )
 from streamvox.models.alignment.word_aligner import AlignItem, AlignmentFailed, Spans
-from streamvox.models.qwen3_tts.kernels.graphs import CAPTURE_LOCK
+from streamvox.models.qwen3_tts.kernels.graphs import BACKGROUND_PRIORITY, CAPTURE_LOCK
 from streamvox.models.qwen3_tts.model.checkpoint import load_state_dict, resolve_model_dir
 from streamvox.models.qwen3_tts.model.layers import rope_inv_freq
 from streamvox.models.qwen3_tts.text import load_tokenizer
@@ -79,7 +79,8 @@ class Qwen3ForcedAligner:
         # so the prompt's tokens are these, unit after unit.
         self._unit_ids = functools.lru_cache(maxsize=1 << 16)(
             lambda unit: tuple(tokenizer.encode(prompt_text([unit])).ids))
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device, priority=BACKGROUND_PRIORITY) if cuda else None
         for name, value in (("graphs", graphs), ("fused", fused)):
             if value not in ("auto", "0", "1"):
                 raise ValueError(f"aligner {name} must be auto, 0 or 1, not {value!r}")

@@ -52,7 +52,7 @@ class EncoderAttention(nn.Module):
         self.out_proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x `[W, L, dim]` (windows), mask `[W, 1, 1, L]` (True: a real position)."""
+        """x `[W, L, dim]` (windows, or padded rows), mask broadcastable to `[W, 1, L, L]` (True: attend)."""
         w, length, dim = x.shape
         q, k, v = (proj(x).view(w, length, self.heads, -1).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
@@ -115,9 +115,10 @@ class AudioEncoder(nn.Module):
         return list(self.proj2(self.act(self.proj1(self.ln_post(h)))).split(sizes))
 
     def forward_padded(self, features: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """features `[B, n_mels, C * chunk]` (C: a whole number of windows when above one window), each clip's
-        valid frames `[B]` (on the device) -> embeddings `[B, C * positions_per_chunk, output_dim]`, of which
-        each clip's first `lengths[b]` are its own, and `lengths` `[B]`. Frames past a clip's own are ignored."""
+        """features `[B, n_mels, C * chunk]`, each clip's valid frames `[B]` (on the device) -> embeddings
+        `[B, C * positions_per_chunk, output_dim]`, of which each clip's first `lengths[b]` are its own, and
+        `lengths` `[B]`. Frames past a clip's own are ignored. Each row's positions attend as one sequence
+        under a block-diagonal mask of its windows, so a clip is padded to whole chunks, not whole windows."""
         b, mels, total = features.shape
         chunk = self.chunk
         chunks = total // chunk
@@ -125,18 +126,17 @@ class AudioEncoder(nn.Module):
         frame = torch.arange(total, device=features.device)
         x = features * (frame[None, :] < frames[:, None])[:, None, :]  # a clip's last chunk is zero-padded
         x = self._downsample(x.view(b, mels, chunks, chunk).transpose(1, 2).reshape(b * chunks, 1, mels, chunk))
-        x = (x + self.positions[:steps].to(x.dtype)).view(b, chunks * steps, -1)
+        h = (x + self.positions[:steps].to(x.dtype)).view(b, chunks * steps, -1)
         lengths = encoded_length(frames, chunk)
-        per_window = self.cfg.n_window_infer // chunk
-        width = steps * min(chunks, per_window)
-        position = torch.arange(chunks * steps, device=x.device)
-        real = (position[None, :] < lengths[:, None]).view(-1, width)
-        # A window with no real position (a padding row's) attends to its first one: no empty softmax.
-        mask = (real | (position[:width] == 0))[:, None, None, :]
-        h = x.reshape(-1, width, x.shape[-1])
+        position = torch.arange(chunks * steps, device=h.device)
+        window = position // (steps * (self.cfg.n_window_infer // chunk))
+        # A key is seen from its own window, if real; a window with no real position (a clip's padding)
+        # attends to its first one: no empty softmax.
+        first = torch.cat([position.new_ones(1, dtype=torch.bool), window[1:] != window[:-1]])
+        key = (position[None, :] < lengths[:, None]) | first[None, :]
+        mask = (window[:, None] == window[None, :])[None, None] & key[:, None, None, :]
         for layer in self.layers:
             h = layer(h, mask)
-        h = h.view(b, chunks * steps, -1)
         return self.proj2(self.act(self.proj1(self.ln_post(h)))), lengths
 
     def _downsample(self, x: torch.Tensor) -> torch.Tensor:

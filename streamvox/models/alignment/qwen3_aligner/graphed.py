@@ -4,8 +4,8 @@ Run eagerly, an alignment launches about 4,700 small kernels through 24 audio an
 H100 it took 46 ms for one clause and 54 ms for sixteen: launches, not arithmetic, set its time, and each
 launch holds the interpreter lock the engine's own thread needs. A graph replays the whole forward in one call
 (16.7 ms for sixteen clauses; 8.6 ms with the text layers fused). A batch is padded up to its bucket: the
-clips to a power of two, the longest clip to whole audio chunks (whole attention windows past one window), the
-longest prompt to a multiple of `LEN_STEP`. Padding rows and positions change no real row's result (see
+clips to a power of two, the longest clip to whole audio chunks (1 s each), the longest prompt to a multiple
+of `LEN_STEP`. Padding rows and positions change no real row's result (see
 `Thinker.forward_padded`). Batches no bucket holds, and any once `MAX_GRAPHS` are held, run eagerly.
 
 Graphs are captured on the aligner's thread while the engine's thread keeps running, so the capture
@@ -26,7 +26,7 @@ from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_h
 log = logging.getLogger(__name__)
 
 MAX_CLIPS = 16  # clips in a graph's batch
-LEN_STEP = 64  # prompt lengths are padded to a multiple of this
+LEN_STEP = 32  # prompt lengths are padded to a multiple of this
 MAX_LEN = 1024  # the longest prompt a graph takes
 MAX_WINDOWS = 4  # the longest clip a graph takes, in attention windows (8 s each)
 MAX_GRAPHS = 64  # graphs held; all share one memory pool
@@ -43,8 +43,6 @@ def bucket_for(clips: int, frames: int, length: int, chunk: int, per_window: int
     """The bucket of a batch of `clips` clips whose longest has `frames` mel frames and longest prompt
     `length` tokens (`chunk` frames a chunk, `per_window` chunks an attention window); None: no graph."""
     chunks = -(-frames // chunk)
-    if chunks > per_window:
-        chunks = -(-chunks // per_window) * per_window
     if clips > MAX_CLIPS or length > MAX_LEN or chunks > MAX_WINDOWS * per_window:
         return None
     return Bucket(1 << (clips - 1).bit_length(), chunks, -(-length // LEN_STEP) * LEN_STEP)

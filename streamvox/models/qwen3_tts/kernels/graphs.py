@@ -1,5 +1,5 @@
-"""CUDA-graph helpers shared by the frame stepper (`runtime/fast_path.py`), the slot decoder
-(`codec/graphed.py`) and the GPU word aligner (`alignment/qwen3_aligner/graphed.py`)."""
+"""CUDA-graph helpers and stream priorities shared by the frame stepper (`runtime/fast_path.py`), the slot
+decoder (`codec/graphed.py`) and the GPU word aligner (`alignment/qwen3_aligner/graphed.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from typing import Any, TypeVar
 import torch
 
 T = TypeVar("T")
+
+# CUDA stream priorities (lower runs first: the scheduler gives freed SMs to the waiting kernels of the
+# highest-priority stream). Frame steps pace every stream's audio, the decoder turns their frames into it,
+# and word alignment is background work, at CUDA's lowest priority (0).
+AR_PRIORITY, DECODER_PRIORITY, BACKGROUND_PRIORITY = -2, -1, 0
 
 # Held while a graph is captured. A "global" capture fails if another thread of the process allocates
 # or synchronises meanwhile, so a thread that runs CUDA work beside the engine's (the GPU word aligner)

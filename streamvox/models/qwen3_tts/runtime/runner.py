@@ -13,8 +13,9 @@ The runner wires the parts together and answers the engine core (`streamvox.cont
 - `decode_pipeline.DecodePipeline` turns buffered frames into audio deltas on the sink, in chunks;
 - `timing.StepTiming` (with `Qwen3Settings.timing`) logs where each step's time goes.
 
-On CUDA the AR work (prefill, frame steps) and first chunks run on a high-priority stream, the other decoder
-calls on a low-priority one, so a busy decoder delays a new request's first audio as little as possible.
+On CUDA the AR work (prefill, frame steps) and first chunks run on the highest-priority stream, the other
+decoder calls on a lower one, so a busy decoder delays a new request's first audio as little as possible
+(`kernels/graphs.py` ranks the streams, a GPU word aligner's last).
 `loader.load_runner` builds a runner from a checkpoint. The knobs are `streamvox.settings.Qwen3Settings`.
 """
 
@@ -26,6 +27,7 @@ import time
 import torch
 
 from streamvox.contract import ModelInfo, OutputSink, RequestError, SpeechRequest
+from streamvox.models.qwen3_tts.kernels.graphs import AR_PRIORITY, DECODER_PRIORITY
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.model.prompt import PromptBuilder
 from streamvox.models.qwen3_tts.openai_voices import served_voices
@@ -82,8 +84,8 @@ class Qwen3TTSRunner:
         self.stepper = (FrameStepper(model, self.cache, suppress, tc.codec_eos_token_id, MIN_NEW_TOKENS,
                                      settings=settings) if use_fast else None)
         cuda = model.device.type == "cuda"
-        self.ar_stream = torch.cuda.Stream(model.device, priority=-1) if cuda else None
-        dec_stream = torch.cuda.Stream(model.device, priority=0) if cuda else None
+        self.ar_stream = torch.cuda.Stream(model.device, priority=AR_PRIORITY) if cuda else None
+        dec_stream = torch.cuda.Stream(model.device, priority=DECODER_PRIORITY) if cuda else None
         self.pipeline = DecodePipeline(codec, self.requests, codec_chunk_frames, max_batch, settings.codec_graphs,
                                        dec_stream, self.timing)
         if self.stepper is not None and self.stepper.use_graphs:
