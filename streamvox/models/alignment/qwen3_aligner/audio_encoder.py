@@ -5,7 +5,8 @@ turn each chunk into 13 positions, which get a sinusoidal position embedding tha
 chunk. A transformer encoder then attends within windows of `n_window_infer // (2 * n_window)` chunks
 (8 s), never across clips or windows; all the windows of a batch run as one padded batch.
 `forward_padded` is the same computation with shapes fixed by the batch's padding alone (no host
-syncs, no data-dependent shapes), so it can be captured as a CUDA graph. Parameter names are the
+syncs, no data-dependent shapes), so it can be captured as a CUDA graph: there each clip's positions
+attend as one row, its windows kept apart by a block-diagonal mask. Parameter names are the
 checkpoint's (`conv2d1`, `layers.0.self_attn.q_proj`, `ln_post`, `proj2`, ...).
 """
 
