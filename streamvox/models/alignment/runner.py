@@ -220,7 +220,7 @@ class AligningRunner:
         timed.busy = True
         self._in_flight += 1
         self._step_jobs.append(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,
-                            (timed.base + len(pcm)) / rate, final))
+                                    (timed.base + len(pcm)) / rate, final))
 
     def _collect(self, result: _Aligned, sink: OutputSink) -> None:
         job = result.job
