@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamvox.models.alignment.qwen3_aligner import graphed as graphed_module
 from streamvox.models.alignment.qwen3_aligner.aligner import Qwen3ForcedAligner
 from streamvox.models.alignment.qwen3_aligner.graphed import MAX_CLIPS, Bucket, bucket_for
 from tests.helpers.qwen3_aligner_tiny import build_tiny_aligner
@@ -57,6 +58,21 @@ def test_batches_past_the_buckets_run_eagerly(model_dir):
     items = _items(MAX_CLIPS + 1)
     assert _same(padded.marker_classes(items), eager.marker_classes(items))
     assert padded.graphed.buckets == []
+
+
+def test_past_the_held_graphs_a_batch_is_padded_to_a_larger_held_bucket(model_dir, monkeypatch):
+    eager, padded = _aligners(model_dir)
+    monkeypatch.setattr(graphed_module, "MAX_GRAPHS", 1)
+    graphed, padded_runs = padded.graphed, []
+    forward = graphed._forward
+    monkeypatch.setattr(graphed, "_forward", lambda g: padded_runs.append(tuple(g.ids.shape)) or forward(g))
+    for items in (_items(4), _items(3)[1:], _items(1)):  # held; padded further (2 of 4 clips); too small to pad
+        assert _same(padded.marker_classes(items), eager.marker_classes(items))
+        assert len(graphed.buckets) == 1 and graphed.buckets[0].clips == 4
+    held = graphed.buckets[0]
+    assert padded_runs == [(4, held.length)] * 2  # the third batch ran eagerly
+    assert graphed._cover(Bucket(1, 1, 32)) is None  # more than MAX_COVER times its work
+    assert padded.align_batch(_items(3)[1:]) == eager.align_batch(_items(3)[1:])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
