@@ -5,7 +5,9 @@ batch's wall time into its steps, each waited for on the device before the next 
 prepare (checks, on the host), inputs (features on the device, prompts), forward (bucket copy-in, graph replay
 or eager forward, classes back to the host) and post (times repaired, word spans).
 
-  python tools/aligner/phases.py --aligner /tmp/fa --device cuda [--fused 0] [--graphs 0] [--streams 16]
+  python tools/aligner/phases.py --aligner /tmp/fa --device cuda [--fused 0] [--graphs 0] [--streams 16] [--join 3]
+
+`--join 3` aligns three clauses as one item (about 9 s), the shape of a whole reply's final job.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -34,6 +37,7 @@ def main() -> None:
     ap.add_argument("--fused", default="auto", choices=("auto", "0", "1"))
     ap.add_argument("--streams", type=int, default=16, help="clauses a batch")
     ap.add_argument("--batches", type=int, default=30, help="timed batches, after as many untimed ones")
+    ap.add_argument("--join", type=int, default=1, help="consecutive clauses an item says")
     args = ap.parse_args()
 
     cuda = args.device.startswith("cuda")
@@ -41,6 +45,9 @@ def main() -> None:
     espeak = EspeakLibrary()
     espeak.set_voice("en-us")
     pool = clauses([line.strip() for line in open(CORPUS, encoding="utf-8") if line.strip()], espeak)
+    if args.join > 1:
+        pool = [(np.concatenate([pcm for pcm, _, _ in run]), run[0][1], [w for _, _, words in run for w in words])
+                for run in (pool[i : i + args.join] for i in range(0, len(pool) - args.join + 1, args.join))]
     started = time.perf_counter()
     aligner = Qwen3ForcedAligner.from_pretrained(args.aligner, args.device,
                                                  torch.bfloat16 if cuda else torch.float32, args.graphs, args.fused)
@@ -71,7 +78,9 @@ def main() -> None:
         if b >= args.batches:
             for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 steps[name].append(1000 * seconds)
-    print(f"{n} clauses a batch, p50 ms: " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items()))
+    seconds = statistics.mean(len(pcm) / rate for pcm, rate, _ in pool)
+    print(f"{n} items of {args.join} clause(s) ({seconds:.1f} s on average) a batch, p50 ms: "
+          + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items()))
 
 
 if __name__ == "__main__":
