@@ -18,6 +18,8 @@ import torch.nn.functional as F  # noqa: E402
 from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
 
 from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.triton_decode import attention as dka  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.triton_decode import matmul as dkm  # noqa: E402
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel  # noqa: E402
 from streamvox.models.qwen3_tts.model.layers import apply_rope, rope_inv_freq  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper  # noqa: E402
@@ -46,22 +48,22 @@ def linear_cases() -> None:
         if n % 2 == 0:
             g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
             close(f"linear+norm+swiglu m={m}", dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
-        default_config = dk._linear_config
+        default_config = dkm._linear_config
         # split-K, three programs per tile: tl.dot tiles, and the narrow tiles summed without tensor cores
         for config in ((16, 16, 32, 4, 1, 3, True), (4, 8, 32, 4, 1, 3, False)):
-            dk._linear_config = lambda *_a, c=config: c
+            dkm._linear_config = lambda *_a, c=config: c
             try:
                 want = rms(x, nw) @ w.T + res
                 for _ in range(2):  # the tile counters are back at zero for the second launch
                     close(f"split-K {config} linear+norm+residual m={m}",
                           dk.linear(x, w, norm=nw, eps=EPS, residual=res), want)
-                    assert not dk._tile_counters(x.device).any()
+                    assert not dkm.tile_counters(x.device).any()
                 if n % 2 == 0:
                     g, u = (rms(x, nw) @ w.T).chunk(2, dim=-1)
                     close(f"split-K {config} linear+norm+swiglu m={m}",
                           dk.linear(x, w, norm=nw, eps=EPS, swiglu=True), F.silu(g) * u)
             finally:
-                dk._linear_config = default_config
+                dkm._linear_config = default_config
         bias, table = torch.randn(n), torch.randn(300, k)
         scores = torch.randn(m, 300)
         scores[0, 7] = scores[0, 290] = float(scores[0].max()) + 1  # a tie: the first maximum wins
@@ -84,7 +86,7 @@ def linear_cases() -> None:
 def cublas_cases() -> None:
     """From CUBLAS_MIN_ROWS rows, `linear` is a cuBLAS GEMM between a Triton RMSNorm and SwiGLU: the same
     fusions, the same results."""
-    dk.CUBLAS_MIN_ROWS = 1
+    dkm.CUBLAS_MIN_ROWS = 1
     try:
         for m, k, n in ((1, 96, 80), (20, 64, 130)):
             x, w = torch.randn(m, k), torch.randn(n, k) / 10
@@ -102,7 +104,7 @@ def cublas_cases() -> None:
         gu = torch.randn(5, 2 * 1500)  # more columns than one program's block
         close("swiglu_rows", dk.swiglu_rows(gu), F.silu(gu[:, :1500]) * gu[:, 1500:])
     finally:
-        dk.CUBLAS_MIN_ROWS = 1 << 20
+        dkm.CUBLAS_MIN_ROWS = 1 << 20
 
 
 def attention_cases() -> None:
@@ -141,9 +143,9 @@ def attention_cases() -> None:
                                            want_v[slot[i], :, : seen[i]], enable_gqa=True)[:, 0].reshape(-1)
             for i in range(m)])
         if kernel == "split_attend":
-            dk.SPLIT_POSITIONS = per_program
+            dka.SPLIT_POSITIONS = per_program
             out = dk.split_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS, width)
-            assert not dk._tile_counters(out.device).any(), "split_attend left a counter set"
+            assert not dkm.tile_counters(out.device).any(), "split_attend left a counter set"
         elif kernel == "rope_attend":
             out = dk.rope_attend(qkv, qn, kn, inv_freq, kc, vc, slot, pos, heads, EPS)
         else:
@@ -227,10 +229,10 @@ def frame_step_case(ckpt: str) -> None:
     results = []
     variants = ((False, False, "torch layers"), (True, False, "fused select"), (True, True, "torch select"),
                 (True, False, "cuBLAS GEMMs"), (True, False, "talker SDPA"))
-    dk.SPLIT_POSITIONS = 4
+    dka.SPLIT_POSITIONS = 4
     for kernels, wrapped, name in variants:
         cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
-        dk.CUBLAS_MIN_ROWS = 2 if name == "cuBLAS GEMMs" else 1 << 20
+        dkm.CUBLAS_MIN_ROWS = 2 if name == "cuBLAS GEMMs" else 1 << 20
         torch.manual_seed(0)
         st = _stepper(model, 5, kernels)
         assert st.kernels == kernels
@@ -258,7 +260,7 @@ if __name__ == "__main__":
     # argv: a folder for the tiny checkpoint, then the part: "kernels" (each kernel against torch), "step" (a
     # four-row frame step) or "one-row" (a one-row frame step); one subprocess each keeps each under its timeout
     torch.manual_seed(0)
-    dk.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
+    dkm.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
     part = sys.argv[2]
     if part == "kernels":
         linear_cases()

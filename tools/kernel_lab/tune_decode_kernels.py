@@ -1,4 +1,4 @@
-"""Time the Triton decode kernels (streamvox/models/qwen3_tts/kernels/triton_decode.py) at the 1.7B talker's and
+"""Time the Triton decode kernels (streamvox/models/qwen3_tts/kernels/triton_decode/) at the 1.7B talker's and
 code predictor's shapes, over a grid of launch configurations, against the torch ops they replace.
 
     python tools/kernel_lab/tune_decode_kernels.py [--rows 1 16 64 128] [--json-out F]
@@ -35,6 +35,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for streamvox
 from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
 from streamvox.models.qwen3_tts.kernels.graphs import capture_graph  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.triton_decode import attention as dka  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.triton_decode import matmul as dkm  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # both stacks' attention
 # (name, K, N, fusion) at the 1.7B shapes: talker hidden 2048 / intermediate 6144, predictor 1024 / 3072
@@ -46,7 +48,7 @@ SHAPES = [
     ("talker.codec_head", 2048, 3072, ""),
 ]
 # BN, BK, warps, stages, split (K split over that many programs per tile): tl.dot tiles, and (up to
-# dk.GEMV_MAX_ROWS rows) the tiles summed without tensor cores
+# dkm.GEMV_MAX_ROWS rows) the tiles summed without tensor cores
 CONFIGS = [(bn, bk, 8 if bn == 64 else 4, stages, split)
            for bn, bk, stages, split in itertools.product((16, 32, 64), (128, 256), (3, 5), (1, 2, 4))]
 GEMV_CONFIGS = [(bn, bk, warps, 2, split)
@@ -135,7 +137,7 @@ def main() -> None:
     if args.split_attend:
         results["split_attend"] = split_attend_sweep(args.rows)
         args.rows, args.no_attention = [], True
-    default_config = dk._linear_config
+    default_config = dkm._linear_config
     for (name, k, n, fusion), m in itertools.product(SHAPES, args.rows):
         copies, xm, nw, res, kw = gemm_inputs(m, k, n, fusion)
         w = copies[0]
@@ -157,14 +159,14 @@ def main() -> None:
         best = (float("inf"), None)
         bm, *_, dot = default_config(m, n_out, k, fusion == "swiglu")
         for bn, bk, warps, stages, split in CONFIGS if dot else GEMV_CONFIGS:
-            dk._linear_config = lambda *_a, c=(bm, bn, bk, warps, stages, split, dot): c
+            dkm._linear_config = lambda *_a, c=(bm, bn, bk, warps, stages, split, dot): c
             try:
                 t = per_launch_ms(ours)
             except Exception as e:  # out of shared memory / registers for this config
                 print(f"#   {name} m={m} {bn, bk, warps, stages, split}: {type(e).__name__}")
                 continue
             finally:
-                dk._linear_config = default_config
+                dkm._linear_config = default_config
             best = min(best, (t, (bm, bn, bk, warps, stages, split, dot)), key=lambda b: b[0])
         bound = (n * k * 2 + m * k * 2) / (tbps * 1e12) * 1e3  # weight and input read once
         row = dict(name=name, m=m, n=n, k=k, best_ms=best[0], best_config=best[1], default_ms=t_default,
@@ -178,15 +180,15 @@ def main() -> None:
     attention_cases = [] if args.no_attention else itertools.product(
         [(17, 17, 1), (17, 17, 64), (1024, 200, 1), (1024, 200, 16), (1024, 200, 64), (1024, 1000, 1),
          (1024, 1000, 64)], (16, 32, 64, 128), (1, 2, 4, 8))
-    default_attend = dk._attend_config
+    default_attend = dka._attend_config
     for (length, ctx, m), bl, warps in attention_cases:
         args_ = attention_inputs(m, length, ctx)
-        dk._attend_config = lambda *_a, c=(bl, warps): c
+        dka._attend_config = lambda *_a, c=(bl, warps): c
         try:
             t = per_launch_ms(partial(dk.rope_attend, *args_, HEADS, 1e-6))
             got = dk.rope_attend(*args_, HEADS, 1e-6)
         finally:
-            dk._attend_config = default_attend
+            dka._attend_config = default_attend
 
         def unfused(a=args_, m=m, ctx=ctx):
             q = dk.qk_norm_rope_store(*a, HEADS, KV_HEADS, 1e-6)
@@ -270,17 +272,17 @@ def split_attend_sweep(rows: list[int]) -> list[dict]:
 
         t_sdpa = per_launch_ms(unfused)
         ref = unfused().float()
-        default = dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK
+        default = dka.SPLIT_POSITIONS, dka.SPLIT_BLOCK
         for per_program, block in itertools.product((16, 32, 64, 128), (16, 32, 64)):
             if block > per_program:
                 continue
-            dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK = per_program, block
+            dka.SPLIT_POSITIONS, dka.SPLIT_BLOCK = per_program, block
             try:
                 fn = partial(dk.split_attend, *args_, HEADS, 1e-6, width)
                 t = per_launch_ms(fn)
                 err = float((fn().float() - ref).norm() / ref.norm())
             finally:
-                dk.SPLIT_POSITIONS, dk.SPLIT_BLOCK = default
+                dka.SPLIT_POSITIONS, dka.SPLIT_BLOCK = default
             out.append(dict(ctx=ctx, width=width, m=m, positions=per_program, block=block, ms=t, sdpa_ms=t_sdpa,
                             rel_err=err))
             print(f"split_attend ctx={ctx:4d} width={width:4d} m={m:3d} positions/program={per_program:3d} "

@@ -1,4 +1,4 @@
-"""The frame step's Triton decode kernels (kernels/triton_decode.py), run on the CPU by Triton's interpreter in a
+"""The frame step's Triton decode kernels (kernels/triton_decode/), run on the CPU by Triton's interpreter in a
 subprocess (decode_kernels_job.py): each kernel against the torch ops it replaces, and frame steps of four
 rows and of one row with the kernels against the same steps with the torch layers, a subprocess each (under
 the interpreter a frame step takes minutes). On a GPU, benchmarks/gpu_bench.py --check compares the compiled

@@ -187,8 +187,8 @@ __device__ __forceinline__ void store(float& dst, float v) { dst = v; }
 __device__ __forceinline__ void store(T& dst, float v) { dst = __float2bfloat16(v); }
 
 // Query/key head norm and RoPE of one head's HD values at v (shared memory, one warp; lane owns r = lane,
-// lane + 32 of each half), in place, times `scale`: as decode_kernels._norm_rope. cs/sn: the position's
-// rounded cosines and sines [HD / 2]; w: the norm weights [HD] (float).
+// lane + 32 of each half), in place, times `scale`: as `_norm_rope` in triton_decode/attention.py. cs/sn: the
+// position's rounded cosines and sines [HD / 2]; w: the norm weights [HD] (float).
 template <typename V>
 __device__ void norm_rope(V* v, const float* w, const float* cs, const float* sn, float eps, float scale) {
   const int lane = threadIdx.x & 31;

@@ -3,7 +3,7 @@
 `FusedStack` concatenates each layer's q/k/v and gate/up weights (fewer, larger GEMMs) and runs a layer either as
 two fused torch halves (`_pre_attn`: norm, one q/k/v GEMM, q/k norms, RoPE; `_post_attn`: output projection,
 norm, one gate/up GEMM, SwiGLU), compiled with `torch.compile` on CUDA (dynamic batch), or, one position per row,
-as five or six Triton launches (`FusedStack.layer_rows`, `kernels/triton_decode.py`; from its `CUBLAS_MIN_ROWS`
+as five or six Triton launches (`FusedStack.layer_rows`, `kernels/triton_decode/`; from `matmul.CUBLAS_MIN_ROWS`
 rows the GEMMs are cuBLAS calls between them).
 """
 
@@ -79,7 +79,7 @@ class FusedStack:
         self.gqa = self.nh != self.nkv
         self.norm_w, self.norm_eps = stack.norm.weight, stack.norm.eps
         self.pre, self.post, self.rms = fns
-        self.kernels = kernels  # the kernels.triton_decode module, or None
+        self.kernels = kernels  # the kernels.triton_decode package, or None
         # RoPE angle pos * inv_freq: with one position stream (speech), multimodal RoPE is plain RoPE
         self.inv_freq = stack.rotary.inv_freq.float()
 
@@ -92,7 +92,7 @@ class FusedStack:
 
     def layer_rows(self, i: int, x, slot, pos, k_cache, v_cache, attend=None, one_per_slot: bool = False,
                    width: int = 0):
-        """One layer over one position per row, `x` `[M, H]`, in six Triton launches (kernels/triton_decode.py):
+        """One layer over one position per row, `x` `[M, H]`, in six Triton launches (kernels/triton_decode/):
         row m's key/value goes to `[slot[m], :, pos[m]]` of this layer's cache `[slots, kv_heads, L, hd]`
         and it attends to positions `[0, pos[m]]` there (with `attend(q [M, heads, hd]) -> [M, heads * hd]`
         in place of `decode_attention` if given). No two rows share a slot (`one_per_slot`, or `width`: the
@@ -126,7 +126,7 @@ def compiled_fns(enabled: bool):
 
 
 def decode_kernels(device: torch.device, use: bool | None, setting: str = "auto"):
-    """The Triton decode-layer kernels (`kernels/triton_decode.py`), or None (the compiled torch layer halves).
+    """The Triton decode-layer kernels (`kernels/triton_decode/`), or None (the compiled torch layer halves).
     `use` True: always (on the CPU under TRITON_INTERPRET=1, which is how CI tests them); False: never;
     None: `setting` (`Qwen3Settings.kernels`) "0" never, "1" always, "auto" on CUDA; either only with triton
     installed."""
