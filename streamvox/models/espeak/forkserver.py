@@ -30,7 +30,7 @@ import numpy as np
 
 from streamvox.contract import WordTimings
 from streamvox.models.espeak.library import MAX_WPM, MIN_WPM, EspeakLibrary, SynthEvent
-from streamvox.models.espeak.word_timing import InputWords, clause_timings, last_sound
+from streamvox.models.espeak.word_timing import InputWords, clause_timings, last_sound, silent_timings
 from streamvox.text_split import TextSplitter
 
 _MAX_CLAUSE_WORDS = 24
@@ -125,6 +125,8 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         if final and chunks:
             _to_background()  # a streaming-text request stays at normal priority while text still comes
         speak(_read_exact(text_fd, size).decode() if size else "")
+    if timed is not None and (timings := timed.end_input()) is not None:
+        _write_frame(audio_fd, msgspec.msgpack.encode(timings), _WORDS_FLAG)
     _write_frame(audio_fd, b"")
     os.write(audio_fd, _TRAILER.pack(words, chunks))
 
@@ -139,6 +141,7 @@ class _ClauseTimer:
         self.samples = 0  # of the request so far
         self.clause_start = 0
         self.sound_end = 0  # one past the clause's last audible sample
+        self.words_end = 0.0  # where the last timed word ends (s)
 
     def start_clause(self) -> None:
         self.events = []
@@ -150,9 +153,21 @@ class _ClauseTimer:
         self.samples += len(samples)
 
     def end_clause(self, clause: str) -> WordTimings:
-        spans = self.input.spans(clause)
-        return clause_timings(clause, spans, self.input.text, self.events, self.clause_start, self.sound_end,
-                              self.rate)
+        skipped, spans = self.input.spans(clause)
+        timings = clause_timings(clause, spans, self.input.text, self.events, self.clause_start, self.sound_end,
+                                 self.rate)
+        if skipped:
+            at = round(self.clause_start / self.rate, 4)
+            timings = WordTimings.join([silent_timings(skipped, self.input.text, at), timings])
+        if timings.end:
+            self.words_end = timings.end[-1]
+        return timings
+
+    def end_input(self) -> WordTimings | None:
+        """The timings of the words after the last clause's, if any (the input is complete)."""
+        if skipped := self.input.rest():
+            return silent_timings(skipped, self.input.text, self.words_end)
+        return None
 
 
 def _to_background() -> None:

@@ -139,6 +139,15 @@ class EspeakLibrary:
             captured.seek(0)
             return loaded and not captured.read()
 
+    def drop_queued_events(self) -> None:
+        """Take the events that voice changes leave for the next synthesis, in an empty one.
+
+        Each voice change queues a sample-rate event for the next synthesis's first buffer, whose event
+        list holds 30: after the hundred-odd changes of `voice_works` over every voice, they pushed that
+        buffer's sentence and word events (the first word's) out of it.
+        """
+        self.synthesize("", lambda _samples: True)
+
     def set_rate(self, words_per_minute: int) -> None:
         self._lib.espeak_SetParameter(_RATE, words_per_minute, 0)
 

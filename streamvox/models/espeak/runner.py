@@ -32,6 +32,7 @@ class EspeakRunner:
         self._espeak = EspeakLibrary()
         self._languages = [name for name in self._espeak.languages() if self._espeak.voice_works(name)]
         self._espeak.set_voice("en-us")  # the state every child starts from
+        self._espeak.drop_queued_events()
         voices = sorted(OPENAI_VOICE_ALIASES) + self._languages
         self.info = ModelInfo(
             name=name,

@@ -9,7 +9,9 @@ a word starts at its first event; words without one are spread between their
 neighbours in proportion to their letters and digits. A word ends where the
 next one starts; the clause's last word ends where its sound does (less the
 trailing silence). Each word is reported as the verbatim span of the request's
-input, punctuation attached.
+input, punctuation attached. Words in no clause (pieces the splitter drops for
+having no letter or digit, such as "???" or an emoji) take no time: they start
+and end where the next clause starts, or, past the last, where the sound ends.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class InputWords:
 
     The clause splitter hands eSpeak clauses whose words are the input's words in order (it may
     re-join them with single spaces, and drops pieces with no letter or digit), so each clause
-    word is found verbatim at or after where the previous one ended.
+    word is found verbatim at or after where the previous one ended; the input's words passed
+    over on the way are those of dropped pieces.
     """
 
     def __init__(self) -> None:
@@ -47,16 +50,35 @@ class InputWords:
     def add(self, text: str) -> None:
         self.text += text
 
-    def spans(self, clause: str) -> list[tuple[int, int]]:
+    def spans(self, clause: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(the input's words before the clause's that no clause holds, the clause's words), as spans."""
+        skipped: list[tuple[int, int]] = []
         spans = []
         for match in _WORD.finditer(clause):
             word = match.group()
             start = self.text.find(word, self._cursor)
             if start < 0:  # cannot happen with the splitter's clauses; keep the order regardless
                 start = self._cursor
+            if not spans:
+                skipped = self._words(self._cursor, start)
             self._cursor = start + len(word)
             spans.append((start, self._cursor))
-        return spans
+        return skipped, spans
+
+    def rest(self) -> list[tuple[int, int]]:
+        """The words after the last clause's (once the input is complete: those no clause holds)."""
+        skipped = self._words(self._cursor, len(self.text))
+        self._cursor = len(self.text)
+        return skipped
+
+    def _words(self, start: int, end: int) -> list[tuple[int, int]]:
+        return [(start + m.start(), start + m.end()) for m in _WORD.finditer(self.text[start:end])]
+
+
+def silent_timings(spans: list[tuple[int, int]], input_text: str, at: float) -> WordTimings:
+    """Timings of words that take no time, all at `at` seconds."""
+    return WordTimings(words=[input_text[a:b] for a, b in spans], start=[at] * len(spans), end=[at] * len(spans),
+                       char_start=[a for a, _ in spans], char_end=[b for _, b in spans])
 
 
 def clause_timings(clause: str, spans: list[tuple[int, int]], input_text: str, events: list[SynthEvent],

@@ -130,3 +130,31 @@ def test_words_without_events_share_the_gap_and_numbers_keep_one_entry():
     # "a" (no event) starts with the clause; "paid" (no event) shares man's time by letters (3:4)
     assert timings.start == [2.0, 2.1, 2.7, (2700 + 300 * 3 // 7) / 1000, 3.0]
     assert timings.end == timings.start[1:] + [4.2]
+
+
+def test_a_requests_first_word_starts_at_its_own_event(runner):
+    """The runner's voice checks leave eSpeak a queue of events that once pushed out the first word's."""
+    text = "1234 dollars"
+    (clause, events, _), = _clause_events(text)
+    first = next(event for event in events if event.kind == EVENT_WORD)
+    later = [event.sample for event in events if event.kind == EVENT_WORD and event.text_position == 2]
+    assert first.text_position == 1 and later and later[0] > 0  # "1234" gets several events
+    timings = WordTimings.join(_speak(runner, text, word_timestamps=True).timings)
+    assert timings.words == ["1234", "dollars"]
+    assert timings.start[0] == first.sample / runner.info.sample_rate
+
+
+@pytest.mark.parametrize("text", ["... Hello!!! ??? Really?! 🍕", "Yes! ! ! No -", " -- ", "🍕"])
+def test_words_in_no_clause_take_no_time_where_they_stand(runner, text):
+    """Pieces with no letter or digit are not spoken, but their words are timed: zero length, in place."""
+    sink = _speak(runner, text, word_timestamps=True)
+    timings = WordTimings.join(sink.timings)
+    duration = sum(len(p) for p in sink.audio_parts) / runner.info.sample_rate
+    tokens = [(m.group(), m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    assert list(zip(timings.words, timings.char_start, timings.char_end, strict=True)) == tokens
+    previous_end = 0.0
+    for word, start, end in zip(timings.words, timings.start, timings.end, strict=True):
+        assert previous_end <= start <= end <= duration
+        if not any(ch.isalnum() for ch in word):
+            assert start == end
+        previous_end = end
