@@ -30,7 +30,7 @@ import numpy as np
 
 from streamvox.contract import WordTimings
 from streamvox.models.espeak.library import MAX_WPM, MIN_WPM, EspeakLibrary, SynthEvent
-from streamvox.models.espeak.word_timing import InputWords, clause_timings, last_sound, silent_timings
+from streamvox.models.espeak.word_timing import ClauseWords, InputWords, last_sound, silent_timings
 from streamvox.text_split import TextSplitter
 
 _MAX_CLAUSE_WORDS = 24
@@ -48,7 +48,7 @@ _PR_SET_PDEATHSIG = 1
 # Pipe framing, both directions: 4-byte little-endian length, then the payload.
 # Parent -> child: a msgpack `ChildSpec`, then UTF-8 text; an empty payload ends the input.
 # Child -> parent: int16 PCM; a length with its top bit (`_WORDS_FLAG`) set frames a msgpack `WordTimings`
-# (after the audio of the clause it times); an empty payload is followed by an 8-byte trailer (words, chunks).
+# (after the audio it times); an empty payload is followed by an 8-byte trailer (words, chunks).
 _HEADER = struct.Struct("<I")
 _TRAILER = struct.Struct("<II")
 _WORDS_FLAG = 1 << 31
@@ -93,12 +93,16 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
     chunks = 0
     timed = _ClauseTimer(espeak.sample_rate) if spec.word_timestamps else None
 
+    def send(timings: WordTimings | None) -> None:
+        if timings is not None:
+            _write_frame(audio_fd, msgspec.msgpack.encode(timings), _WORDS_FLAG)
+
     def emit(samples: np.ndarray) -> bool:
         nonlocal chunks
         chunks += 1
         _write_frame(audio_fd, samples.astype("<i2").tobytes())
         if timed is not None:
-            timed.heard(samples)
+            send(timed.heard(samples))
         if chunks == 1 and final:
             _to_background()
         return True
@@ -112,10 +116,9 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
             if timed is None:
                 espeak.synthesize(clause, emit)
                 continue
-            timed.start_clause()
+            send(timed.start_clause(clause))
             espeak.synthesize(clause, emit, timed.events)
-            timings = timed.end_clause(clause)
-            _write_frame(audio_fd, msgspec.msgpack.encode(timings), _WORDS_FLAG)
+            send(timed.end_clause())
 
     final = spec.text_complete
     speak(spec.text)
@@ -125,8 +128,8 @@ def _child_main(espeak: EspeakLibrary, text_fd: int, audio_fd: int) -> None:
         if final and chunks:
             _to_background()  # a streaming-text request stays at normal priority while text still comes
         speak(_read_exact(text_fd, size).decode() if size else "")
-    if timed is not None and (timings := timed.end_input()) is not None:
-        _write_frame(audio_fd, msgspec.msgpack.encode(timings), _WORDS_FLAG)
+    if timed is not None:
+        send(timed.end_input())
     _write_frame(audio_fd, b"")
     os.write(audio_fd, _TRAILER.pack(words, chunks))
 
@@ -137,37 +140,49 @@ class _ClauseTimer:
     def __init__(self, sample_rate: int) -> None:
         self.rate = sample_rate
         self.input = InputWords()
-        self.events: list[SynthEvent] = []
+        self.events: list[SynthEvent] = []  # the clause's, appended by `EspeakLibrary.synthesize`
+        self._seen = 0  # of `events`
+        self._clause: ClauseWords | None = None
         self.samples = 0  # of the request so far
-        self.clause_start = 0
         self.sound_end = 0  # one past the clause's last audible sample
         self.words_end = 0.0  # where the last timed word ends (s)
 
-    def start_clause(self) -> None:
+    def start_clause(self, clause: str) -> WordTimings | None:
+        """Before `clause` is spoken: the timings of the words before it that no clause holds, if any."""
         self.events = []
-        self.clause_start = self.sound_end = self.samples
+        self._seen = 0
+        self.sound_end = self.samples
+        skipped, spans = self.input.spans(clause)
+        self._clause = ClauseWords(clause, spans, self.input.text, self.samples, self.rate)
+        return silent_timings(skipped, self.input.text, round(self.samples / self.rate, 4)) if skipped else None
 
-    def heard(self, samples: np.ndarray) -> None:
+    def heard(self, samples: np.ndarray) -> WordTimings | None:
+        """After a buffer of the clause: the timings its events complete, if any."""
         if end := last_sound(samples):
             self.sound_end = self.samples + end
         self.samples += len(samples)
+        if self._clause is None:
+            return None
+        for event in self.events[self._seen :]:
+            self._clause.event(event)
+        self._seen = len(self.events)
+        return self._sent(self._clause.ready())
 
-    def end_clause(self, clause: str) -> WordTimings:
-        skipped, spans = self.input.spans(clause)
-        timings = clause_timings(clause, spans, self.input.text, self.events, self.clause_start, self.sound_end,
-                                 self.rate)
-        if skipped:
-            at = round(self.clause_start / self.rate, 4)
-            timings = WordTimings.join([silent_timings(skipped, self.input.text, at), timings])
-        if timings.end:
-            self.words_end = timings.end[-1]
-        return timings
+    def end_clause(self) -> WordTimings | None:
+        """After the clause's last buffer: the timings of its words not yet sent."""
+        clause, self._clause = self._clause, None
+        return self._sent(clause.end(self.sound_end)) if clause is not None else None
 
     def end_input(self) -> WordTimings | None:
         """The timings of the words after the last clause's, if any (the input is complete)."""
         if skipped := self.input.rest():
             return silent_timings(skipped, self.input.text, self.words_end)
         return None
+
+    def _sent(self, timings: WordTimings | None) -> WordTimings | None:
+        if timings is not None:
+            self.words_end = timings.end[-1]
+        return timings
 
 
 def _to_background() -> None:

@@ -8,10 +8,13 @@ thirty four"). So events are mapped onto the clause's words (its `\\S+` runs):
 a word starts at its first event; words without one are spread between their
 neighbours in proportion to their letters and digits. A word ends where the
 next one starts; the clause's last word ends where its sound does (less the
-trailing silence). Each word is reported as the verbatim span of the request's
-input, punctuation attached. Words in no clause (pieces the splitter drops for
-having no letter or digit, such as "???" or an emoji) take no time: they start
-and end where the next clause starts, or, past the last, where the sound ends.
+trailing silence). A word's timing is sent as soon as that end is known, with
+the audio that holds the next word's event, so a request stopped mid-clause keeps
+the timings of the words it spoke. Each word is reported as the verbatim span of
+the request's input, punctuation attached. Words in no clause (pieces the
+splitter drops for having no letter or digit, such as "???" or an emoji) take no
+time: they start and end where the next clause starts, or, past the last, where
+the last word ended.
 """
 
 from __future__ import annotations
@@ -81,37 +84,69 @@ def silent_timings(spans: list[tuple[int, int]], input_text: str, at: float) -> 
                        char_start=[a for a, _ in spans], char_end=[b for _, b in spans])
 
 
-def clause_timings(clause: str, spans: list[tuple[int, int]], input_text: str, events: list[SynthEvent],
-                   clause_start: int, sound_end: int, sample_rate: int) -> WordTimings:
-    """The timings of a clause's words.
+class ClauseWords:
+    """One clause's word timings, sent as eSpeak's events come: a word as soon as the next one's start (its
+    end) is known, the last at the clause's end. A request stopped mid-clause keeps the timings of the words
+    already heard."""
 
-    `spans`: each clause word's span in `input_text`; `events`: eSpeak's events for `clause` (samples
-    from its start); `clause_start`: the clause's first sample in the request's audio; `sound_end`: one
-    past its last audible sample there.
-    """
-    words = [(m.start(), m.end()) for m in _WORD.finditer(clause)]
-    n = len(words)
-    ends_in_clause = [end for _, end in words]
-    starts: list[int | None] = [None] * n
-    for event in events:
+    def __init__(self, clause: str, spans: list[tuple[int, int]], input_text: str, clause_start: int,
+                 sample_rate: int) -> None:
+        """`spans`: each clause word's span in `input_text`; `clause_start`: the clause's first sample in the
+        request's audio."""
+        words = [(m.start(), m.end()) for m in _WORD.finditer(clause)]
+        self._ends_in_clause = [end for _, end in words]
+        self._lengths = [_spoken_length(clause[a:b]) for a, b in words]
+        self._spans = spans
+        self._text = input_text
+        self._start = clause_start
+        self._rate = float(sample_rate)
+        self._first_event: list[int | None] = [None] * len(words)  # each word's first event's sample
+        self._fixed: list[int] = []  # the starts that can no longer change: the sent words' and the next one's
+        self._sent = 0  # words sent
+
+    def event(self, event: SynthEvent) -> None:
+        """One of eSpeak's events for the clause (its sample counted from the clause's start)."""
         if event.kind != EVENT_WORD:
-            continue
+            return
         # The word holding the event's first character (or, in the whitespace before a word, that word).
-        i = bisect.bisect_right(ends_in_clause, event.text_position - 1)
-        if i < n and starts[i] is None:
-            starts[i] = clause_start + event.sample
-    _fill_gaps(starts, [_spoken_length(clause[a:b]) for a, b in words], clause_start, sound_end)
-    known: list[int] = starts  # type: ignore[assignment]  # every entry is set now
-    last = max(sound_end, known[-1]) if n else sound_end
-    ends = known[1:] + [last]
-    rate = float(sample_rate)
-    return WordTimings(
-        words=[input_text[a:b] for a, b in spans],
-        start=[round(s / rate, 4) for s in known],
-        end=[round(e / rate, 4) for e in ends],
-        char_start=[a for a, _ in spans],
-        char_end=[b for _, b in spans],
-    )
+        i = bisect.bisect_right(self._ends_in_clause, event.text_position - 1)
+        if len(self._fixed) <= i < len(self._first_event) and self._first_event[i] is None:
+            self._first_event[i] = self._start + event.sample
+
+    def ready(self) -> WordTimings | None:
+        """The words not yet sent whose ends are known now, if any."""
+        known = [i for i in range(len(self._fixed), len(self._first_event)) if self._first_event[i] is not None]
+        if not known:
+            return None
+        last = known[-1]
+        self._fixed = self._filled(last + 1, 0)
+        return self._take(last, self._fixed[1:]) if last > self._sent else None
+
+    def end(self, sound_end: int) -> WordTimings | None:
+        """The words not yet sent, the clause's sound having ended at sample `sound_end`."""
+        n = len(self._first_event)
+        if self._sent == n:
+            return None
+        self._fixed = self._filled(n, sound_end)
+        return self._take(n, self._fixed[1:] + [max(sound_end, self._fixed[-1])])
+
+    def _filled(self, count: int, after_last: int) -> list[int]:
+        """The first `count` words' starts: the fixed ones, then the events', the gaps filled."""
+        starts = self._fixed + self._first_event[len(self._fixed) : count]
+        _fill_gaps(starts, self._lengths[:count], self._start, after_last)
+        return starts  # type: ignore[return-value]  # every entry is set now
+
+    def _take(self, upto: int, ends: list[int]) -> WordTimings:
+        """Words `_sent` to `upto` (not included), word i ending at `ends[i]`; they are sent."""
+        first, self._sent = self._sent, upto
+        spans = self._spans[first:upto]
+        return WordTimings(
+            words=[self._text[a:b] for a, b in spans],
+            start=[round(s / self._rate, 4) for s in self._fixed[first:upto]],
+            end=[round(e / self._rate, 4) for e in ends[first:upto]],
+            char_start=[a for a, _ in spans],
+            char_end=[b for _, b in spans],
+        )
 
 
 def _spoken_length(word: str) -> int:

@@ -11,7 +11,7 @@ import pytest
 from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.models.espeak.library import EVENT_WORD, EspeakLibrary, SynthEvent
 from streamvox.models.espeak.runner import EspeakRunner
-from streamvox.models.espeak.word_timing import clause_timings
+from streamvox.models.espeak.word_timing import ClauseWords
 from streamvox.text_split import split_text
 
 # "a" and "haired" get no event of their own; "1234" and "5.5" get several; "Dr." and "Jan." abbreviations.
@@ -125,11 +125,22 @@ def test_words_without_events_share_the_gap_and_numbers_keep_one_entry():
     events = [SynthEvent(EVENT_WORD, 3, 5, 100), SynthEvent(EVENT_WORD, 16, 3, 700),
               SynthEvent(EVENT_WORD, 24, 4, 1000), SynthEvent(EVENT_WORD, 25, 4, 1500),
               SynthEvent(EVENT_WORD, 25, 4, 1800)]
-    timings = clause_timings(clause, spans, text, events, clause_start=2000, sound_end=4200, sample_rate=1000)
+    words = ClauseWords(clause, spans, text, clause_start=2000, sample_rate=1000)
+    sent = []
+    for event in events:  # as eSpeak hands them over, a buffer each
+        words.event(event)
+        sent.append(words.ready())
+    sent.append(words.end(sound_end=4200))
+    # a word is sent once the next one's start is known: "a" with white-haired's event, "white-haired" with
+    # man's, "man" and "paid" with 1234's first (its others change nothing); "1234" at the clause's end
+    assert [part.words if part else None for part in sent] == [
+        ["a"], ["white-haired"], ["man", "paid"], None, None, ["1234"]]
+    timings = WordTimings.join([part for part in sent if part])
     assert timings.words == ["a", "white-haired", "man", "paid", "1234"]
     # "a" (no event) starts with the clause; "paid" (no event) shares man's time by letters (3:4)
     assert timings.start == [2.0, 2.1, 2.7, (2700 + 300 * 3 // 7) / 1000, 3.0]
     assert timings.end == timings.start[1:] + [4.2]
+    assert words.ready() is None and words.end(sound_end=4200) is None
 
 
 def test_a_requests_first_word_starts_at_its_own_event(runner):
@@ -158,3 +169,20 @@ def test_words_in_no_clause_take_no_time_where_they_stand(runner, text):
         if not any(ch.isalnum() for ch in word):
             assert start == end
         previous_end = end
+
+
+def test_words_are_sent_while_their_clause_is_spoken(runner):
+    """Not at the clause's end: a request stopped mid-clause keeps the timings of the words it spoke."""
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    assert len(split_text(text, "clause", max_words=24)) == 1
+    sink = _speak(runner, text, word_timestamps=True)
+    total = sum(len(p) for p in sink.audio_parts)
+    heard = 0
+    heard_at_words = []
+    for kind, value in sink.order:
+        if kind == "audio":
+            heard = value
+        else:
+            heard_at_words.append(heard)
+    assert len(heard_at_words) >= 10 and heard_at_words[0] < total / 4
+    assert WordTimings.join(sink.timings).words == text.split()

@@ -124,6 +124,34 @@ def test_cancelled_response_keeps_the_words_spoken(espeak_server):
     asyncio.run(run())
 
 
+def test_a_response_cancelled_mid_clause_keeps_the_words_heard(espeak_server):
+    """Timings come word by word, not at the clause's end: a barge-in inside a long clause still leaves the
+    transcript (and so the thinker's history) the words whose audio went out."""
+    clause = ("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+              "seventeen eighteen nineteen twenty")
+
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "session.update", "session": WORD_TIMESTAMPS})
+        await client.expect("session.updated")
+        await client.send({"type": "response.create", "response": {"instructions": clause}})
+        events, audio_s = [], 0.0
+        while audio_s < 1.5:  # of the clause's six seconds
+            events.append(event := await client.recv())
+            if event["type"] in DELTA_TYPES:
+                audio_s += len(base64.b64decode(event["delta"])) / 48000
+        await client.send({"type": "response.cancel"})
+        events += await client.until("response.done")
+        assert events[-1]["response"]["status"] == "cancelled"
+        deltas, transcript = word_deltas(events, 48000)
+        sent_s = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] in DELTA_TYPES) / 48000
+        assert sent_s < 5.0, "the whole clause was spoken before the cancel"
+        assert len(deltas) >= 3 and clause.startswith(transcript) and clause[len(transcript)] == " "
+        await client.close()
+
+    asyncio.run(run())
+
+
 def test_bad_word_timestamps_option(espeak_server):
     async def run():
         client = await RealtimeClient.connect(espeak_server)
