@@ -80,7 +80,12 @@ class InputWords:
 
 def silent_timings(spans: list[tuple[int, int]], input_text: str, at: float) -> WordTimings:
     """Timings of words that take no time, all at `at` seconds."""
-    return WordTimings(words=[input_text[a:b] for a, b in spans], start=[at] * len(spans), end=[at] * len(spans),
+    return _timings(spans, input_text, [at] * len(spans), [at] * len(spans))
+
+
+def _timings(spans: list[tuple[int, int]], input_text: str, start: list[float], end: list[float]) -> WordTimings:
+    """The words at `spans` of `input_text`, timed from `start` to `end` (seconds)."""
+    return WordTimings(words=[input_text[a:b] for a, b in spans], start=start, end=end,
                        char_start=[a for a, _ in spans], char_end=[b for _, b in spans])
 
 
@@ -139,14 +144,8 @@ class ClauseWords:
     def _take(self, upto: int, ends: list[int]) -> WordTimings:
         """Words `_sent` to `upto` (not included), word i ending at `ends[i]`; they are sent."""
         first, self._sent = self._sent, upto
-        spans = self._spans[first:upto]
-        return WordTimings(
-            words=[self._text[a:b] for a, b in spans],
-            start=[round(s / self._rate, 4) for s in self._fixed[first:upto]],
-            end=[round(e / self._rate, 4) for e in ends[first:upto]],
-            char_start=[a for a, _ in spans],
-            char_end=[b for _, b in spans],
-        )
+        start, end = ([round(t / self._rate, 4) for t in samples[first:upto]] for samples in (self._fixed, ends))
+        return _timings(self._spans[first:upto], self._text, start, end)
 
 
 def _spoken_length(word: str) -> int:
