@@ -71,12 +71,15 @@ class Playback:
 
 def _timings(start: float, ttfp: float | None, playback: Playback, pcm_bytes: int, sample_rate: int) -> dict:
     """One request's TTFP, E2E (now), audio seconds (s16le mono), RTF, playback stall, and tail: how long its
-    end came after its last audio (what waiting for its last word timings adds)."""
+    end came after its last audio (what waiting for its last word timings adds); `rtf_audio` is the RTF up to
+    its last audio, without the tail."""
     now = time.perf_counter()
     e2e = now - start
     audio_s = pcm_bytes / 2 / sample_rate
+    last = playback.last or now
     return {"ttfp": ttfp, "e2e": e2e, "audio_s": audio_s, "rtf": e2e / audio_s if audio_s else float("inf"),
-            "stall": playback.stall, "tail": now - playback.last if playback.last else 0.0}
+            "rtf_audio": (last - start) / audio_s if audio_s else float("inf"),
+            "stall": playback.stall, "tail": now - last}
 
 
 async def one_request(client: httpx.AsyncClient, body: dict, sse: bool, sample_rate: int) -> dict:

@@ -6,6 +6,10 @@ prepare (checks, on the host), inputs (features on the device, prompts), forward
 or eager forward, classes back to the host) and post (times repaired, word spans).
 
   python tools/aligner/phases.py --aligner /tmp/fa --device cuda [--fused 0] [--graphs 0] [--streams 16] [--join 3]
+                                [--split]
+
+`--split` (CUDA) then times the last batch's padded forward in two parts, each replayed from a graph of its own:
+the audio tower, and the text body with the head.
 
 `--join 3` aligns three clauses as one item (about 9 s), the shape of a whole reply's final job.
 """
@@ -38,6 +42,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=16, help="clauses a batch")
     ap.add_argument("--batches", type=int, default=30, help="timed batches, after as many untimed ones")
     ap.add_argument("--join", type=int, default=1, help="consecutive clauses an item says")
+    ap.add_argument("--split", action="store_true", help="time the audio tower and the text body apart (CUDA)")
     args = ap.parse_args()
 
     cuda = args.device.startswith("cuda")
@@ -81,6 +86,52 @@ def main() -> None:
     seconds = statistics.mean(len(pcm) / rate for pcm, rate, _ in pool)
     print(f"{n} items of {args.join} clause(s) ({seconds:.1f} s on average) a batch, p50 ms: "
           + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items()))
+    if args.split and cuda:
+        split(aligner, batches[-1], args.batches)
+
+
+def split(aligner: Qwen3ForcedAligner, batch: list, repeats: int) -> None:
+    """The padded forward of `batch` as two graphs, the audio tower's and the text body's: p50 ms of each."""
+    thinker = aligner.module.thinker
+    tower, body = thinker.audio_tower, thinker.model
+    _, prepared = aligner._prepare(batch)
+    with aligner._on_device():
+        ids, _, features, frames = aligner._inputs(prepared)
+        chunk = tower.chunk
+        padded = torch.zeros(features.shape[0], features.shape[1], -(-features.shape[2] // chunk) * chunk,
+                             device=features.device, dtype=aligner.dtype)
+        padded[..., : features.shape[2]] = features
+        ids = ids.to(aligner.device)
+        valid = torch.tensor(frames, device=aligner.device)
+        index = (torch.arange(ids.shape[1], device=ids.device) - 1).clamp(0, None)
+
+        def encode() -> torch.Tensor:
+            return tower.forward_padded(padded, valid)[0]
+
+        audio = encode()
+        index = index.clamp(max=audio.shape[1] - 1)
+
+        def text() -> torch.Tensor:
+            x = body.embed_tokens(ids)
+            x = torch.where((ids == aligner.cfg.audio_token_id)[..., None], audio[:, index].to(x.dtype), x)
+            return thinker.lm_head(body(x)).argmax(dim=-1)
+
+        text()
+        times = {}
+        for name, fn in (("audio tower", encode), ("text body + head", text)):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+                fn()
+            runs = []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                graph.replay()
+                torch.cuda.synchronize()
+                runs.append(1000 * (time.perf_counter() - t0))
+            times[name] = statistics.median(runs)
+    print(f"split of the forward ({len(prepared)} items, {padded.shape[2] // chunk} chunks, {ids.shape[1]} "
+          "prompt positions), p50 ms: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
 
 
 if __name__ == "__main__":
