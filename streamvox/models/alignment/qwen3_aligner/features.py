@@ -80,10 +80,12 @@ def log_mel_batch(
     waves = torch.zeros(len(clips), longest, device=device)
     for rate in sorted(set(rates)):
         rows = [i for i, r in enumerate(rates) if r == rate]
-        # staged in pinned memory on CUDA: the copy to the device then runs without the host waiting for it
-        group = torch.zeros(len(rows), max(len(clips[i]) for i in rows), pin_memory=device.type == "cuda")
+        # staged in pinned memory on CUDA: the copy to the device then runs without the host waiting for it (only
+        # the rows' padding is zeroed: clearing the whole buffer first doubled the host's time here)
+        group = torch.empty(len(rows), max(len(clips[i]) for i in rows), pin_memory=device.type == "cuda")
         for k, i in enumerate(rows):
             group[k, : len(clips[i])] = torch.from_numpy(np.ascontiguousarray(clips[i], dtype=np.float32))
+            group[k, len(clips[i]) :] = 0.0
         out = resampled(group.to(device, non_blocking=True), rate, target)[:, :longest]
         # a clip's own samples only: resampling rings past its end into the batch's padding
         own = torch.arange(out.shape[1], device=device) < torch.tensor([sizes[i] for i in rows], device=device)[:, None]
