@@ -26,7 +26,13 @@ CONTENT_TYPES = {
     "opus": "audio/ogg",
     "aac": "audio/aac",
 }
-_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# The rates each lossy encoder takes (FFmpeg's `audio_rates` for libopus, libmp3lame and aac, ascending): a
+# stream of one of these formats carries the lowest of them at or above the rate asked for.
+CODEC_RATES = {
+    "opus": (8000, 12000, 16000, 24000, 48000),
+    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+    "aac": (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
+}
 # (container format, encoder) for the formats PyAV writes.
 _AV_ENCODERS = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac": ("adts", "aac"),
                 "flac": ("flac", "flac")}
@@ -54,8 +60,9 @@ def streaming_wav_header(sample_rate: int, channels: int = 1, bits: int = 16) ->
 
 def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """Encode a whole mono float32 clip as `fmt` (one of FORMATS). wav and flac files carry their length
-    (libsndfile writes them); the other formats are the stream `StreamEncoder` writes, in one piece."""
-    if fmt in ("wav", "flac"):
+    (libsndfile writes them); the other formats are the stream `StreamEncoder` writes, in one piece. So is a
+    flac file of no samples: libsndfile writes no bytes at all for one, the stream a header."""
+    if fmt == "wav" or (fmt == "flac" and len(pcm)):
         buffer = io.BytesIO()
         soundfile.write(buffer, np.clip(pcm, -1.0, 1.0), sample_rate, format=fmt.upper(), subtype="PCM_16")
         return buffer.getvalue()
@@ -64,10 +71,12 @@ def encode_audio(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
 
 def encoded_sample_rate(sample_rate: int, fmt: str) -> int:
-    """The rate a file or stream of `fmt` carries when asked for `sample_rate` (opus allows only a few)."""
-    if fmt == "opus" and sample_rate not in _OPUS_RATES:
-        return 48000
-    return sample_rate
+    """The rate a file or stream of `fmt` carries when asked for `sample_rate` (opus, mp3 and aac take only a
+    few: the audio is resampled up to the next of them)."""
+    rates = CODEC_RATES.get(fmt)
+    if rates is None:
+        return sample_rate
+    return next((rate for rate in rates if rate >= sample_rate), rates[-1])
 
 
 class StreamEncoder:

@@ -32,6 +32,11 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+def internal_error() -> APIError:
+    """What a client is told of a bug (the traceback goes to the log)."""
+    return APIError(500, "Internal server error.", code="internal_error")
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Unknown routes (404) and methods (405) in OpenAI's error shape, like every other error."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -43,9 +48,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     """A bug: still answer in OpenAI's shape (the traceback goes to the log)."""
-    body = {"error": {"message": "Internal server error.", "type": "server_error", "param": None,
-                      "code": "internal_error"}}
-    return JSONResponse(body, status_code=500)
+    return internal_error().response()
 
 
 # Starlette's `exception_handlers` for the application.

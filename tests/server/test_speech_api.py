@@ -268,6 +268,22 @@ def test_every_format_streams_in_every_mode_and_decodes_as_the_file(espeak_serve
     assert abs(len(audio) / rate - estimate_duration(TEXT)) <= 0.3 * estimate_duration(TEXT)
 
 
+@pytest.mark.parametrize("fmt,carried", [("mp3", 11025), ("aac", 11025), ("opus", 12000)])
+def test_a_rate_the_codec_lacks_is_carried_at_the_next_one_it_has(espeak_server, fmt, carried):
+    base = {"voice": "alloy", "input": "Hello there.", "response_format": fmt, "sample_rate": 10000}
+    for extra in ({}, {"stream_format": "audio"}, {"stream_format": "sse"}):
+        response, pieces = _speech(espeak_server, {**base, **extra})
+        assert response.status_code == 200 and response.headers["x-sample-rate"] == str(carried), extra
+        audio, rate = _decode(b"".join(pieces), fmt)
+        assert rate == (48000 if fmt == "opus" else carried) and float(np.abs(audio).max()) > 0.05, extra
+    batch = httpx.post(f"{espeak_server.url}/v1/audio/speech/batch", timeout=60,
+                       json={"items": [{**base, "response_format": "wav"}, base]})
+    assert batch.status_code == 200, batch.text
+    items = batch.json()["data"]
+    assert [item["status"] for item in items] == ["succeeded", "succeeded"], items
+    assert [item["sample_rate"] for item in items] == [10000, carried]
+
+
 def _playable(prefix: bytes, fmt: str) -> bool:
     if fmt == "pcm":
         return len(prefix) > 0

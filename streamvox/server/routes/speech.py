@@ -12,6 +12,7 @@ encoded audio in base64 with the word timings.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -26,10 +27,12 @@ from streamvox.contract import SpeechRequest, WordTimings
 from streamvox.engine.client import AsyncEngine
 from streamvox.engine.events import Done, EngineError
 from streamvox.server.audio_out import AudioOut, SpeechStats
-from streamvox.server.errors import APIError
+from streamvox.server.errors import APIError, internal_error
 from streamvox.server.middleware import engine_request_id
 from streamvox.server.speech_params import SpeechParams, parse_speech
 from streamvox.settings import MediaPolicy
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH_ITEMS = 64
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -192,12 +195,17 @@ def _sse_audio_delta(data: bytes) -> bytes:
 
 
 async def _sse_body(out: AudioOut, encoder: StreamEncoder) -> AsyncIterator[bytes]:
-    async with aclosing(_encoded(out, encoder)) as deltas:
-        async for data in deltas:
-            if isinstance(data, WordTimings):
-                yield _sse({"type": "speech.audio.timestamps", **data.to_json()})
-            else:
-                yield _sse_audio_delta(data)
+    try:
+        async with aclosing(_encoded(out, encoder)) as deltas:
+            async for data in deltas:
+                if isinstance(data, WordTimings):
+                    yield _sse({"type": "speech.audio.timestamps", **data.to_json()})
+                else:
+                    yield _sse_audio_delta(data)
+    except Exception:  # a bug (in encoding, say): the stream still ends as the protocol says, with an error
+        log.exception("request %s: its stream failed", out.request.request_id)
+        yield _sse({"type": "error", **internal_error().body()})
+        return
     if (done := out.result.done) is not None:
         yield _sse({"type": "speech.audio.done", "usage": _usage(done)})
     elif (error := out.result.error) is not None:
@@ -231,7 +239,10 @@ async def speech_batch(request: Request) -> Response:
                     "sample_rate": encoded_sample_rate(params.sample_rate, params.response_format),
                     "audio": pybase64.b64encode_as_string(data), **(timings.to_json() if timings else {}),
                     "usage": _usage(done)}
-        except APIError as error:
+        except Exception as error:  # a bug fails its item, not the items beside it
+            if not isinstance(error, APIError):
+                log.exception("batch item %d failed", index)
+                error = internal_error()
             stats.end(str(error.status), 1)
             return {"index": index, "status": "failed", **error.body()}
 
