@@ -144,8 +144,8 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
     template: every field but `request_id` (empty) and `text`. Blocking when `ref_audio` is set (decoding audio
     is compute, a URL is fetched): callers then run it in a worker thread."""
     voice = body.get("voice")
-    if isinstance(voice, dict):  # OpenAI also accepts {"id": "..."}
-        voice = voice.get("id")
+    if isinstance(voice, dict):  # OpenAI also accepts {"id": "..."}; one without an id is refused below
+        voice = voice.get("id") or voice
     if voice is not None and (not isinstance(voice, str) or voice not in info.voices):
         raise APIError(400, f"Unknown voice '{voice}'. GET /v1/audio/voices lists the voices of "
                             f"'{info.name}'.", "voice")

@@ -293,6 +293,15 @@ def _playable(prefix: bytes, fmt: str) -> bool:
         return False
 
 
+def test_a_voice_object_without_an_id_is_refused(espeak_server):
+    for voice in ({"name": "nova"}, {"id": None}, {"id": ""}):
+        response = httpx.post(f"{espeak_server.url}/v1/audio/speech", timeout=60,
+                              json={"input": "hi", "voice": voice})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "voice", (voice, response.text)
+    ok = httpx.post(f"{espeak_server.url}/v1/audio/speech", json={"input": "hi", "voice": {"id": "nova"}}, timeout=60)
+    assert ok.status_code == 200 and ok.content
+
+
 def test_errors_before_the_first_audio_are_json_in_every_mode(espeak_server):
     for extra in ({}, {"stream_format": "audio"}, {"stream_format": "sse"}):
         response = httpx.post(f"{espeak_server.url}/v1/audio/speech", timeout=60,

@@ -38,7 +38,7 @@ def validate_item(item: object, param: str = "item") -> dict:
         parts = []
         for i, part in enumerate(content):
             where = f"{param}.content[{i}]"
-            if not isinstance(part, dict) or part.get("type") not in allowed:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str) or part["type"] not in allowed:
                 raise APIError(400, f"'{where}.type' must be one of {', '.join(sorted(allowed))} for a {role} "
                                     "message.", param=f"{where}.type")
             for key in ("text", "transcript", "audio", "image_url"):

@@ -193,6 +193,10 @@ class RealtimeSession:
     async def item_truncate(self, event: dict) -> None:
         s = self.state
         item = s.conversation.get(event.get("item_id"))
+        running = self.responses.current
+        if running is not None and running.item_id == item["id"]:  # a barge-in on what is still being spoken
+            await self.responses.stop("client_cancelled")
+            item = s.conversation.get(item["id"])  # now holding what was sent
         content_index, audio_end_ms = event.get("content_index", 0), event.get("audio_end_ms")
         if item.get("role") != "assistant":
             raise APIError(400, "Only assistant messages can be truncated.", param="item_id")

@@ -107,7 +107,7 @@ class AudioFormat:
                            param=param)
         kind = value.get("type", "audio/pcm")
         encodings = {v: k for k, v in cls._GA_TYPES.items()}
-        if kind not in encodings:
+        if not isinstance(kind, str) or kind not in encodings:
             raise APIError(400, f"'{param}.type' must be audio/pcm, audio/pcmu or audio/pcma; got {kind!r}.",
                            param=f"{param}.type")
         if encodings[kind] != "pcm16":
@@ -220,8 +220,8 @@ def parse_speed(value: object, param: str) -> float:
 
 def parse_modalities(value: object, param: str) -> tuple[bool, bool]:
     """-> (audio_output, text_output)."""
-    if not isinstance(value, list) or not value or not set(value) <= {"text", "audio"} \
-            or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value) \
+            or not set(value) <= {"text", "audio"}:
         raise APIError(400, f"'{param}' must be a non-empty list of 'text' and/or 'audio'.", param=param)
     return "audio" in value, "text" in value
 

@@ -446,6 +446,65 @@ def test_bad_input_gets_error_events_and_spares_other_sessions(espeak_server):
     asyncio.run(run())
 
 
+def test_lists_and_objects_where_a_string_belongs_get_field_errors(espeak_server):
+    """Values that cannot be looked up in a set or dict (lists, objects) are refused like any other bad value,
+    naming their field, and the rest of a session.update still applies."""
+    user = {"type": "message", "role": "user"}
+    cases = [
+        ({"type": "session.update", "session": {"instructions": "One.", "output_modalities": [{"a": 1}]}},
+         "session.output_modalities"),
+        ({"type": "session.update", "session": {"instructions": "Two.", "audio": {
+            "output": {"format": {"type": ["audio/pcm"]}}}}}, "session.audio.output.format.type"),
+        ({"type": "response.create", "response": {"output_modalities": [["audio"]]}}, "response.output_modalities"),
+        ({"type": "conversation.item.create", "item": {**user, "content": [{"type": ["input_text"], "text": "x"}]}},
+         "item.content[0].type"),
+        ({"type": "response.create", "response": {"conversation": "none", "input": [
+            {**user, "content": [{"type": {"x": 1}, "text": "x"}]}]}}, "response.input[0].content[0].type"),
+    ]
+
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        for event, param in cases:
+            await client.send(event)
+            error = (await client.expect("error"))["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+            if event["type"] == "session.update":
+                session = (await client.expect("session.updated"))["session"]
+                assert session["instructions"] == event["session"]["instructions"]
+        events = await client.say(TEXT)
+        assert events[-1]["response"]["status"] == "completed" and audio_of(events)
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_truncating_the_item_being_spoken_stops_its_response(espeak_server):
+    """A barge-in that truncates the running response's item (without cancelling it first) stops the response,
+    then truncates what it sent."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
+        events = []
+        while not events or events[-1]["type"] not in DELTA_TYPES:
+            events.append(await client.recv())
+        item_id = events[-1]["item_id"]
+        await client.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                           "audio_end_ms": 10})
+        events += await client.until("response.done")
+        truncated = await client.expect("conversation.item.truncated")
+        await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await client.expect("conversation.item.retrieved"))["item"]
+        await client.close()
+        return events, truncated, item
+
+    events, truncated, item = asyncio.run(run())
+    done = events[-1]["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "client_cancelled")
+    assert (truncated["item_id"], truncated["content_index"], truncated["audio_end_ms"]) == (item["id"], 0, 10)
+    assert item["status"] == "incomplete" and item["content"][0]["transcript"] == ""
+    assert len(audio_of(events)) / 48000 < estimate_duration(LONG_TEXT) / 2
+
+
 def test_32_concurrent_sessions_are_isolated(espeak_server):
     voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
               "en-gb-x-rp"]
