@@ -325,6 +325,18 @@ def test_bytes_formats_and_errors(server):
     assert post(transcript="  ").status_code == 400
     assert post(add_timestamps=True).json()["error"]["param"] == "add_timestamps"
     assert post(output_format={"container": "mp4"}).status_code == 400
+    # a nested field of the wrong type, or unknown, is named by its whole path
+    for body, param in (({"output_format": {"sample_rate": "24000"}}, "output_format.sample_rate"),
+                        ({"output_format": {"encoding": 5}}, "output_format.encoding"),
+                        ({"output_format": {"colour": 1}}, "output_format.colour"),
+                        ({"generation_config": {"speed": "fast"}}, "generation_config.speed"),
+                        ({"generation_config": {"emotion": 1}}, "generation_config.emotion"),
+                        ({"voice": {"mode": "id", "id": 7}}, "voice.id"),
+                        ({"voice": {"mode": 1}}, "voice.mode")):
+        error = post(**body).json()["error"]
+        assert error["param"] == param and f"'{param}'" in error["message"], (body, error)
+    embedding = post(voice={"mode": "embedding", "embedding": [0.0] * 192}).json()["error"]
+    assert embedding["code"] == "embedding_unsupported" and '"id": ...} with' in embedding["message"], embedding
 
 
 def test_every_key_source_and_any_version(server):

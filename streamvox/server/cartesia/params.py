@@ -72,25 +72,29 @@ class CartesiaSettings:
         return self.output.encode(pcm * self.volume if self.volume != 1.0 else pcm)
 
 
-def reject_unknown(body: dict, known: frozenset[str]) -> None:
+def reject_unknown(body: dict, known: frozenset[str], within: str = "") -> None:
+    """A 400 naming the first field of `body` not in `known` (`within`: the path of a nested `body`)."""
     unknown = sorted(set(body) - known)
     if unknown:
-        raise APIError(400, f"Unrecognized field '{unknown[0]}'.", unknown[0], "unknown_parameter")
+        param = f"{within}.{unknown[0]}" if within else unknown[0]
+        raise APIError(400, f"Unrecognized field '{param}'.", param, "unknown_parameter")
 
 
-def optional(body: dict, name: str, kind: type | tuple[type, ...], default=None):
-    """`body[name]`, or `default` when it is absent or null; a 400 naming it when it has another type."""
+def optional(body: dict, name: str, kind: type | tuple[type, ...], default=None, param: str | None = None):
+    """`body[name]`, or `default` when it is absent or null; a 400 naming it (`param`: its whole path, when
+    `body` is nested) when it has another type."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
         names = {bool: "a boolean", str: "a string", dict: "an object", list: "a list", int: "an integer"}
-        raise APIError(400, f"'{name}' must be {names.get(kind, 'a number')}.", name)
+        param = param or name
+        raise APIError(400, f"'{param}' must be {names.get(kind, 'a number')}.", param)
     return value
 
 
 def _number(body: dict, name: str, low: float, high: float, default: float, param: str) -> float:
-    value = optional(body, name, (int, float), default)
+    value = optional(body, name, (int, float), default, param)
     if not math.isfinite(value) or not low <= value <= high:
         raise APIError(400, f"'{param}' must be between {low:g} and {high:g}; got {value}.", param)
     return float(value)
@@ -105,8 +109,8 @@ def parse_settings(body: dict, info: ModelInfo, *, websocket: bool) -> CartesiaS
     voice, embedding = _voice(optional(body, "voice", dict, {}), info)
     output = _output_format(optional(body, "output_format", dict, {}), websocket)
     generation = optional(body, "generation_config", dict, {})
-    reject_unknown(generation, frozenset({"speed", "volume", "emotion"}))
-    if optional(generation, "emotion", str) is not None:
+    reject_unknown(generation, frozenset({"speed", "volume", "emotion"}), "generation_config")
+    if optional(generation, "emotion", str, param="generation_config.emotion") is not None:
         raise APIError(400, f"Model '{info.name}' takes no emotion; leave generation_config.emotion unset.",
                        "generation_config.emotion")
     speed = _number(generation, "speed", 0.25, 4.0, 1.0, "generation_config.speed")
@@ -144,10 +148,10 @@ def _voice(voice: dict, info: ModelInfo) -> tuple[str | None, bytes | None]:
     if "__experimental_controls" in voice:
         raise APIError(400, "Voice controls are not supported; send generation_config.speed (Cartesia API version "
                             "2025-04-16 or later).", "voice.__experimental_controls")
-    reject_unknown(voice, frozenset({"mode", "id", "embedding"}))
-    mode = optional(voice, "mode", str, "id")
+    reject_unknown(voice, frozenset({"mode", "id", "embedding"}), "voice")
+    mode = optional(voice, "mode", str, "id", "voice.mode")
     if mode == "id":
-        name = optional(voice, "id", str)
+        name = optional(voice, "id", str, param="voice.id")
         if name is not None and name not in info.voices:
             raise APIError(400, f"Unknown voice '{name}'. GET /v1/audio/voices lists the voices of '{info.name}'.",
                            "voice.id", "voice_not_found")
@@ -157,9 +161,9 @@ def _voice(voice: dict, info: ModelInfo) -> tuple[str | None, bytes | None]:
     size = info.speaker_embedding_size
     if not size:
         raise APIError(400, f"Model '{info.name}' takes no speaker embeddings; use {{\"mode\": \"id\", \"id\": "
-                            "...}} with a voice from GET /v1/audio/voices.", "voice.embedding",
+                            "...} with a voice from GET /v1/audio/voices.", "voice.embedding",
                        "embedding_unsupported")
-    values = optional(voice, "embedding", list, [])
+    values = optional(voice, "embedding", list, [], "voice.embedding")
     if len(values) != size or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise APIError(400, f"'voice.embedding' must be a list of {size} numbers (model '{info.name}''s speaker "
                             "embedding size).", "voice.embedding")
@@ -170,18 +174,18 @@ def _voice(voice: dict, info: ModelInfo) -> tuple[str | None, bytes | None]:
 
 
 def _output_format(fmt: dict, websocket: bool) -> OutputFormat:
-    reject_unknown(fmt, frozenset({"container", "encoding", "sample_rate", "bit_rate"}))
+    reject_unknown(fmt, frozenset({"container", "encoding", "sample_rate", "bit_rate"}), "output_format")
     containers = ("raw",) if websocket else ("raw", "wav")
-    container = optional(fmt, "container", str, "raw")
+    container = optional(fmt, "container", str, "raw", "output_format.container")
     if container not in containers:
         raise APIError(400, f"'output_format.container' must be {' or '.join(map(repr, containers))}.",
                        "output_format.container")
-    encoding = optional(fmt, "encoding", str, "pcm_s16le")
+    encoding = optional(fmt, "encoding", str, "pcm_s16le", "output_format.encoding")
     encodings = ENCODINGS if container == "raw" else ("pcm_s16le",)
     if encoding not in encodings:
         raise APIError(400, f"'output_format.encoding' must be one of {', '.join(encodings)}.",
                        "output_format.encoding")
-    rate = optional(fmt, "sample_rate", int, DEFAULT_SAMPLE_RATE)
+    rate = optional(fmt, "sample_rate", int, DEFAULT_SAMPLE_RATE, "output_format.sample_rate")
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         raise APIError(400, f"'output_format.sample_rate' must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}.",
                        "output_format.sample_rate")
