@@ -265,6 +265,27 @@ def test_whitespace_context_is_done_without_audio_and_ids_are_reusable(server):
     assert [m["type"] for m in socket.results["empty"].messages] == ["done"]
 
 
+def test_a_second_flush_of_an_ended_context_changes_nothing(server):
+    async def run() -> Socket:
+        async with connect(server) as ws:
+            socket = Socket(ws)
+            await socket.send("twice", LONG_TEXT, True)
+            await socket.send("twice", "", False)
+            while not socket.results["twice"].audio:
+                await socket.receive()
+            await socket.send("twice", "", False)  # again, while its audio streams
+            await socket.send("closed", LONG_TEXT, False)
+            await socket.send("closed", "More text.", False)  # text after the end (still speaking) is an error
+            await socket.until_ended("twice", "closed")
+            return socket
+
+    socket = asyncio.run(run())
+    check_context(socket.results["twice"])
+    assert not [m for m in socket.results["twice"].messages if m["type"] == "error"]
+    assert len(socket.results["twice"].audio) / 2 / RATE > 0.8 * len(LONG_TEXT.split()) / 3.5
+    assert [m.get("code") for m in socket.results["closed"].messages if m["type"] == "error"] == ["context_closed"]
+
+
 def test_separate_messages_are_never_glued_into_one_word(server):
     async def run() -> tuple[Result, Result]:
         glued = await solo(server, ["Hel", "lo", " there."])

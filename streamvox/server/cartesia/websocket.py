@@ -149,6 +149,8 @@ class CartesiaSession:
             context = Context(context_id, parse_settings(event, self.engine.info, websocket=True))
             self.contexts[context_id] = context
         elif context.input_done:
+            if not transcript and not more:  # the same flush again (Pipecat's flush_audio): nothing to add
+                return
             raise APIError(400, f"Context '{context_id}' already ended its input (continue: false); start a new "
                                 "context_id.", "context_id", "context_closed")
         elif context.spoken:  # its audio ended early (a length limit, an error): the rest of its text has none
