@@ -18,6 +18,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -82,6 +83,17 @@ class _PinnedHTTPSConnection(_PinnedHTTPConnection):
         self.sock = ssl.create_default_context().wrap_socket(self.sock, server_hostname=self.host)
 
 
+def _cut_off(connection: http.client.HTTPConnection, cut: threading.Event) -> None:
+    """The fetch's time is up: end its connection mid-read. A socket timeout bounds each read alone, so a server
+    that sends its headers a line at a time would hold the fetch (and its worker thread) for as long as it likes."""
+    cut.set()
+    if connection.sock is not None:
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+
 def fetch_url(url: str, policy: MediaPolicy) -> bytes:
     """GET an http(s) URL under the policy: checked addresses, no redirects, capped bytes and time.
 
@@ -100,12 +112,16 @@ def fetch_url(url: str, policy: MediaPolicy) -> bytes:
     if parts.query:
         path += "?" + parts.query
     last_error: Exception | None = None
+    cut = threading.Event()
     for address in infos:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
         connection = kind(parts.hostname, port, address, timeout=remaining)
+        watchdog = threading.Timer(remaining, _cut_off, (connection, cut))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             connection.request("GET", path, headers={"User-Agent": "streamvox", "Accept": "audio/*"})
             response = connection.getresponse()
@@ -122,16 +138,20 @@ def fetch_url(url: str, policy: MediaPolicy) -> bytes:
                                      "ref_audio_timeout")
                 chunk = response.read1(65536)
                 if not chunk:
+                    if cut.is_set():  # the watchdog's doing, not the end of the file
+                        break
                     return bytes(data)
                 data += chunk
-            raise _ref_error(f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio_too_large")
+            else:
+                raise _ref_error(f"'ref_audio' is larger than {MAX_REF_AUDIO_BYTES} bytes.", "ref_audio_too_large")
         except APIError:
             raise
         except (OSError, http.client.HTTPException) as exc:
             last_error = exc
         finally:
+            watchdog.cancel()
             connection.close()
-    if isinstance(last_error, TimeoutError) or time.monotonic() > deadline:
+    if isinstance(last_error, TimeoutError) or cut.is_set() or time.monotonic() > deadline:
         raise _ref_error(f"Fetching 'ref_audio' took longer than {policy.fetch_timeout_s:g} s.", "ref_audio_timeout")
     raise _ref_error(f"Fetching 'ref_audio' failed: {last_error}", "ref_audio_fetch_failed")
 

@@ -24,6 +24,7 @@ from streamvox.settings import MediaPolicy
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
 MAX_REF_AUDIO_SECONDS = 60.0
+MAX_DECODED_SAMPLES = int(MAX_REF_AUDIO_SECONDS * 192_000 * 2)  # 60 s of 192 kHz stereo: 92 MB as float32
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 DEFAULT_SAMPLE_RATE = 24000  # what OpenAI's pcm carries, and what its clients assume
 # OpenAI's model names: clients written for OpenAI TTS reach the served model unmodified.
@@ -104,15 +105,25 @@ def decode_audio_file(raw: bytes, param: str) -> tuple[np.ndarray, int]:
     """An audio file's bytes -> mono float32 PCM and its rate, under the reference-audio caps (a 400
     naming `param` otherwise). Blocking (decoding is compute): call it from a worker thread."""
     if len(raw) > MAX_REF_AUDIO_BYTES:
-        raise APIError(400, f"'{param}' is larger than {MAX_REF_AUDIO_BYTES} bytes.", param)
+        raise APIError(400, f"'{param}' is larger than {MAX_REF_AUDIO_BYTES} bytes.", param, f"{param}_too_large")
+    too_long = APIError(400, f"'{param}' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", param)
     try:
-        pcm, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+        # Its length is checked before it is decoded, and what is decoded is capped: a small file can say hours
+        # (4 h of silence is a 2 MB FLAC and 2.7 GB of float32).
+        with soundfile.SoundFile(io.BytesIO(raw)) as file:
+            most = int(MAX_REF_AUDIO_SECONDS * file.samplerate)  # frames
+            if file.frames > most and file.seekable():  # (an unseekable file's length is unknown)
+                raise too_long
+            if most * file.channels > MAX_DECODED_SAMPLES:
+                raise APIError(400, f"'{param}' has too many samples a second to decode ({file.samplerate} Hz, "
+                                    f"{file.channels} channels).", param)
+            pcm, rate = file.read(most + 1, dtype="float32", always_2d=True), file.samplerate
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
         raise APIError(400, f"'{param}' could not be decoded as audio (wav, flac or ogg).", param) from exc
     if len(pcm) == 0:
         raise APIError(400, f"'{param}' holds no audio.", param)
-    if len(pcm) / rate > MAX_REF_AUDIO_SECONDS:
-        raise APIError(400, f"'{param}' is longer than {MAX_REF_AUDIO_SECONDS:.0f} s.", param)
+    if len(pcm) > most:
+        raise too_long
     pcm = pcm.mean(axis=1).astype(np.float32)
     if not np.isfinite(pcm).all():
         raise APIError(400, f"'{param}' holds samples that are not finite numbers.", param)

@@ -37,6 +37,20 @@ def wav_bytes(seconds: float = 0.5, rate: int = 16000) -> bytes:
     return buffer.getvalue()
 
 
+def flac_claiming(seconds: float, rate: int = 48000) -> bytes:
+    """A FLAC file of 0.5 s whose STREAMINFO block says it holds `seconds`."""
+    buffer = io.BytesIO()
+    t = np.arange(rate // 2) / rate
+    soundfile.write(buffer, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate, format="FLAC")
+    data = bytearray(buffer.getvalue())
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first
+    # STREAMINFO: 10 bytes of block and frame sizes, then 64 bits: rate (20), channels (3), bits (5), samples (36)
+    field = int.from_bytes(data[18:26], "big")
+    field = (field & ~((1 << 36) - 1)) | int(seconds * rate)
+    data[18:26] = field.to_bytes(8, "big")
+    return bytes(data)
+
+
 # --- API key -----------------------------------------------------------------------------------------
 
 
@@ -174,6 +188,15 @@ class MediaServer:
                             self.wfile.write(b"\0" * 65536)
                     except OSError:
                         pass
+                elif self.path == "/drip-headers":  # a header line at a time: each read is quick, the whole is not
+                    try:
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                        for i in range(30):
+                            self.wfile.write(b"X-Drip: %d\r\n" % i)
+                            self.wfile.flush()
+                            time.sleep(0.3)
+                    except OSError:
+                        pass
                 elif self.path == "/slow":
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(wav)))
@@ -271,6 +294,10 @@ def test_ref_audio_url_fetch_with_private_allowed_caps_bytes_time_and_redirects(
         assert error_code(result["r"]) == "ref_audio_timeout"
         assert time.monotonic() - started < 5
         assert health_s < 0.5, f"/health took {health_s:.2f} s during a fetch: the loop was blocked"
+        # The time cap holds while the headers are still coming (it took the 9 s of the drip).
+        started = time.monotonic()
+        assert error_code(speak(server, media.url("/drip-headers"))) == "ref_audio_timeout"
+        assert time.monotonic() - started < 5
     finally:
         server.stop()
 
@@ -310,6 +337,11 @@ def test_uploaded_ref_audio_capped_in_bytes_and_duration(espeak_server):
     too_big = base64.b64encode(os.urandom(10 * 1024 * 1024 + 1)).decode()
     error = speak(espeak_server, too_big).json()["error"]
     assert error["param"] == "ref_audio" and "larger than" in error["message"]
+    assert error["code"] == "ref_audio_too_large"
+    # A file is refused by the length its header states, before it is decoded: this one says 4 hours (its
+    # decoded samples would take 2.8 GB) and holds 0.5 s.
+    error = speak(espeak_server, base64.b64encode(flac_claiming(4 * 3600)).decode()).json()["error"]
+    assert error["param"] == "ref_audio" and "longer than 60 s" in error["message"], error
     ok = speak(espeak_server, "data:audio/wav;base64," + base64.b64encode(wav_bytes()).decode())
     assert ok.status_code == 200
     # The body cap holds for a chunked body without Content-Length, too.

@@ -177,7 +177,7 @@ async def _read_form(request: Request):
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_UPLOAD_BODY_BYTES:
         raise too_large
-    content_type = request.headers.get("content-type", "")
+    content_type = request.headers.get("content-type", "").lower()  # media types are case-insensitive
     if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise APIError(400, "Upload a voice as multipart/form-data with the fields 'audio' (file), 'name', "
                             "'consent' and optionally 'ref_text'.", code="invalid_content_type")
