@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamvox.audio.formats import FORMATS, encode_audio
+from streamvox.audio.formats import FORMATS, encode_audio, encoded_sample_rate
 from streamvox.contract import SpeechRequest
 from streamvox.engine.client import AsyncEngine, new_request_id
 from streamvox.engine.events import EngineUnavailable
 from streamvox.models.registry import DEFAULT_MODEL, POCKETSPHINX
 from streamvox.scale.options import add_scale_flags, scale_options
 from streamvox.server.audio_out import AudioOut
+from streamvox.server.speech_params import MAX_INPUT_CHARS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from streamvox.settings import AgentSettings, MediaPolicy, ServerEnv, ServerSettings
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"streamvox: --allowed-local-media-path {args.allowed_local_media_path!r} is not a directory")
     if args.max_buffered_audio_s <= 0:
         raise SystemExit("streamvox: --max-buffered-audio-s must be positive")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit("streamvox: --port must be between 0 and 65535")
     media = MediaPolicy(allow_urls=args.allow_ref_audio_urls, allow_private_urls=args.allow_private_ref_audio_urls,
                         local_media_path=args.allowed_local_media_path, fetch_timeout_s=args.ref_audio_fetch_timeout_s)
     origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
@@ -61,7 +64,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, log_config=_log_config(), ws_max_size=16 * 1024 * 1024,
-                            ws_per_message_deflate=False)  # compressing base64 audio costs loop time
+                            ws_per_message_deflate=False,  # compressing base64 audio costs loop time
+                            timeout_graceful_shutdown=args.graceful_shutdown_timeout_s)  # a client not reading
     server = uvicorn.Server(config)
     state = app.state.streamvox
     state.request_exit = lambda: setattr(server, "should_exit", True)
@@ -128,14 +132,29 @@ async def _speak_async(args: argparse.Namespace) -> np.ndarray:
 
 
 def _speak(args: argparse.Namespace) -> int:
+    """The server's limits hold here too, and every argument is checked before the speech is made."""
     import uvloop
 
     fmt = args.format or (Path(args.output).suffix.lstrip(".") or "wav")
     if fmt not in FORMATS:
         raise SystemExit(f"streamvox: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if not args.text.strip():
+        raise SystemExit("streamvox: TEXT is empty")
+    if len(args.text) > MAX_INPUT_CHARS:
+        raise SystemExit(f"streamvox: TEXT is longer than {MAX_INPUT_CHARS} characters")
+    if not MIN_SAMPLE_RATE <= args.sample_rate <= MAX_SAMPLE_RATE:
+        raise SystemExit(f"streamvox: --sample-rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}")
+    output = Path(args.output)
+    if output.is_dir() or not output.parent.is_dir():
+        raise SystemExit(f"streamvox: cannot write {args.output}: " + (
+            "it is a directory" if output.is_dir() else f"no directory {str(output.parent)!r}"))
     pcm = uvloop.run(_speak_async(args))
-    Path(args.output).write_bytes(encode_audio(pcm, args.sample_rate, fmt))
-    print(f"wrote {args.output}: {len(pcm) / args.sample_rate:.2f} s of {fmt} at {args.sample_rate} Hz")
+    try:
+        output.write_bytes(encode_audio(pcm, args.sample_rate, fmt))
+    except OSError as error:
+        raise SystemExit(f"streamvox: cannot write {args.output}: {error.strerror}") from None
+    rate = encoded_sample_rate(args.sample_rate, fmt)
+    print(f"wrote {args.output}: {len(pcm) / args.sample_rate:.2f} s of {fmt} at {rate} Hz")
     return 0
 
 

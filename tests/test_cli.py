@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -86,3 +89,65 @@ def test_a_download_shows_its_progress_then_serves(tmp_path, checkpoint):
             server.stop()
     progress = log_path.read_text()
     assert "Fetching" in progress and "100%" in progress, progress[-2000:]
+
+
+# --------------------------------------------------------------------------------------------- speak, serve
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamvox.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_speak_checks_its_arguments_before_speaking(tmp_path):
+    """Each refusal is one line and a nonzero status, before any speech is made (no traceback)."""
+    cases = [(["", "-o", str(tmp_path / "a.wav")], "TEXT is empty"),
+             (["\n\t ", "-o", str(tmp_path / "a.flac")], "TEXT is empty"),
+             (["x" * 4097, "-o", str(tmp_path / "a.wav")], "longer than 4096"),
+             (["Hi.", "-o", str(tmp_path / "a.wav"), "--sample-rate", "7999"], "--sample-rate"),
+             (["Hi.", "-o", str(tmp_path / "a.wav"), "--sample-rate", "48001"], "--sample-rate"),
+             (["Hi.", "-o", str(tmp_path / "missing" / "a.wav")], "no directory"),
+             (["Hi.", "-o", str(tmp_path)], "it is a directory")]
+    for args, words in cases:
+        process = _cli("speak", *args)
+        lines = process.stderr.strip().splitlines()
+        assert process.returncode != 0 and len(lines) == 1 and words in lines[0], (args[1:], process.stderr[-2000:])
+    assert not any(tmp_path.iterdir())
+    process = _cli("serve", "--port", "99999")
+    assert process.returncode != 0 and process.stderr.strip() == "streamvox: --port must be between 0 and 65535"
+
+
+def test_speak_says_the_rate_it_wrote(tmp_path):
+    import av
+
+    output = tmp_path / "a.mp3"
+    process = _cli("speak", "Hello there.", "-o", str(output), "--sample-rate", "10000")
+    assert process.returncode == 0 and process.stdout.strip().endswith("of mp3 at 11025 Hz"), process
+    with av.open(str(output)) as container:
+        assert container.streams.audio[0].rate == 11025
+
+
+def test_a_client_that_stops_reading_does_not_hold_a_stopping_server(tmp_path):
+    """SIGTERM waits for running requests at most --graceful-shutdown-timeout-s, even for a stream whose client
+    reads nothing (its audio then waits on a full socket)."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port),
+                                "--graceful-shutdown-timeout-s", "2", "--log-level", "warning"],
+                               stderr=subprocess.DEVNULL)
+    server = Server(process, port)
+    try:
+        server.wait_healthy()
+        body = ('{"input": "%s", "stream_format": "sse"}' % ("A long sentence that goes on and on. " * 110)).encode()
+        client = socket.create_connection(("127.0.0.1", port))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 60  # until the stream has started (its metrics say so)
+        while "streamvox_active_requests 1.0" not in httpx.get(f"{server.url}/metrics", timeout=10).text:
+            assert time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)  # without the cap it waited for the client for as long as it stayed
+        client.close()
+    finally:
+        server.stop()

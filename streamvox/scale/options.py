@@ -58,7 +58,7 @@ def add_scale_flags(parser: argparse.ArgumentParser) -> None:
                        help="requests each proxy queues while every replica is full; past it, 503 "
                             "(default: --replica-max-streams)")
     group.add_argument("--graceful-shutdown-timeout-s", type=float, default=60.0,
-                       help="how long a stopping replica lets its requests finish (default 60)")
+                       help="how long a stopping server or replica lets its requests finish (default 60)")
     group.add_argument("--proxy-location", choices=("EveryNode", "HeadOnly"), default="EveryNode",
                        help="a Serve proxy on every machine (default; a load balancer goes in front) or on the head "
                             "only")
