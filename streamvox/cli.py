@@ -6,6 +6,7 @@ import argparse
 import copy
 import importlib.util
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit("streamvox: --max-buffered-audio-s must be positive")
     if not 0 <= args.port <= 65535:
         raise SystemExit("streamvox: --port must be between 0 and 65535")
+    _check_listen(args.host, args.port)
     media = MediaPolicy(allow_urls=args.allow_ref_audio_urls, allow_private_urls=args.allow_private_ref_audio_urls,
                         local_media_path=args.allowed_local_media_path, fetch_timeout_s=args.ref_audio_fetch_timeout_s)
     origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
@@ -83,6 +85,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Exit (status 1) with one line if the address cannot be bound, before a model takes minutes to load (the
+    bind itself is uvicorn's, after the load)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise SystemExit(f"streamvox: cannot listen on {host} port {port}: {error.strerror or error}") from None
+
+
 async def _load_then_serve(server: uvicorn.Server, state: AppState) -> str | None:
     """Load the model (start the engine), then serve. A model that cannot load ends it here, before the server
     starts, with the one line the engine core sent (returned) rather than uvicorn's lifespan traceback."""
@@ -91,6 +107,9 @@ async def _load_then_serve(server: uvicorn.Server, state: AppState) -> str | Non
     except EngineUnavailable as error:
         await state.engine.shutdown()
         return str(error)
+    except BaseException:  # Ctrl+C while the model loads: the core ignores it, so it is stopped here
+        await state.engine.shutdown()
+        raise
     state.engine_started = True
     await server.serve()
     return None

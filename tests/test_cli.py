@@ -151,3 +151,91 @@ def test_a_client_that_stops_reading_does_not_hold_a_stopping_server(tmp_path):
         client.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_process_group_drains_running_streams(signum):
+    """Ctrl+C in a terminal, or systemd stopping the unit, signals every process of the server, the engine's too:
+    a running stream still ends with its audio and its done event, and the server exits by itself."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port),
+                                "--log-level", "warning"], stderr=subprocess.DEVNULL, start_new_session=True)
+    server = Server(process, port)
+    try:
+        server.wait_healthy()
+        text = "A sentence that takes a while to say, and then some more. " * 12
+        with httpx.stream("POST", f"{server.url}/v1/audio/speech", timeout=60,
+                          json={"input": text, "stream_format": "sse"}) as response:
+            events = response.iter_lines()
+            first = next(line for line in events if line.startswith("data: "))
+            assert '"speech.audio.delta"' in first
+            os.killpg(process.pid, signum)
+            rest = [line for line in events if line.startswith("data: ")]
+        assert rest and '"speech.audio.done"' in rest[-1], rest[-1:]
+        assert not any('"error"' in line for line in rest)
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+def _core_ignores_sigint(pid: int) -> bool:
+    """Whether `pid` is an engine core (a multiprocessing child) that has set SIGINT aside."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"spawn_main" not in cmdline.read():
+                return False
+        with open(f"/proc/{pid}/status") as status:
+            ignored = next(line for line in status if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+def test_ctrl_c_while_the_model_loads_stops_the_engine_too():
+    """The engine core ignores SIGINT and SIGTERM (the server stops it), so a server interrupted before it serves
+    must stop the core itself: nothing of the group is left, and it exits at once."""
+    process = subprocess.Popen([sys.executable, "-m", "streamvox.cli", "serve", "--port", str(free_port()),
+                                "--log-level", "warning"], stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(_core_ignores_sigint(pid) for pid in _group(process.pid)):  # the core loads its model
+            assert time.monotonic() < deadline and process.poll() is None, "the engine core did not start"
+            time.sleep(0.02)
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+        deadline = time.monotonic() + 10
+        while _group(process.pid):
+            assert time.monotonic() < deadline, f"left running: {_group(process.pid)}"
+            time.sleep(0.05)
+    finally:
+        if _group(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = subprocess.run([sys.executable, "-m", "streamvox.cli", "serve", "--port", str(port)],
+                                 capture_output=True, text=True, timeout=60)
+    assert process.returncode == 1, process
+    assert process.stderr.strip() == f"streamvox: cannot listen on 127.0.0.1 port {port}: Address already in use"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -314,6 +315,10 @@ def run_engine_core(model: str, model_options: dict, input_address: str, output_
         os.nice(_CORE_NICE)
     except OSError:
         pass
+    # The server stops the core (a Shutdown message, then SIGKILL). A signal to the whole process group (Ctrl+C in
+    # a terminal, systemd stopping the unit) reaches the core too, and must not end it while the server drains.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     runner = _load_runner(model, model_options, load_failures)
     core = None
     try:

@@ -128,12 +128,14 @@ class EngineSupervisor:
             self._outbox.send(m.input_encoder.encode(message))
 
     async def shutdown(self) -> None:
-        """Stop the core (asking first, then killing) and close the transport; no restart follows."""
+        """Stop the core (asking a ready one first, then killing) and close the transport; no restart follows.
+        The core ignores SIGINT and SIGTERM: this is how it stops."""
         self._closing = True
         process = self.process
         if process is not None and process.is_alive():
-            self.send(m.Shutdown())
-            await asyncio.to_thread(process.join, 5)
+            if self._ready.is_set():  # a core still loading its model reads no messages
+                self.send(m.Shutdown())
+                await asyncio.to_thread(process.join, 5)
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
