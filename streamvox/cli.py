@@ -41,7 +41,6 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit("streamvox: --max-buffered-audio-s must be positive")
     if not 0 <= args.port <= 65535:
         raise SystemExit("streamvox: --port must be between 0 and 65535")
-    _check_listen(args.host, args.port)
     media = MediaPolicy(allow_urls=args.allow_ref_audio_urls, allow_private_urls=args.allow_private_ref_audio_urls,
                         local_media_path=args.allowed_local_media_path, fetch_timeout_s=args.ref_audio_fetch_timeout_s)
     origins = tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip())
@@ -62,7 +61,8 @@ def _serve(args: argparse.Namespace) -> int:
     if (scale := scale_options(args)) is not None:
         from streamvox.scale.launch import serve_replicas
 
-        return serve_replicas(settings, scale)
+        return serve_replicas(settings, scale)  # (the port may be Ray Serve's already: a running cluster's)
+    _check_listen(args.host, args.port)
     app = build_app(settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", ws="websockets-sansio",
                             log_level=args.log_level, log_config=_log_config(), ws_max_size=16 * 1024 * 1024,

@@ -133,7 +133,8 @@ class OutputSink(Protocol):
     """Where a runner sends results; the core forwards each call to the front end at once."""
 
     def audio(self, request_id: str, pcm: np.ndarray) -> None:
-        """A delta of mono float32 PCM at `ModelInfo.sample_rate` (only new samples)."""
+        """A delta of mono float32 PCM at `ModelInfo.sample_rate` (only new samples). The array is handed over:
+        the runner does not change it afterwards."""
 
     def words(self, request_id: str, timings: WordTimings) -> None:
         """When more of the request's words are spoken (only for requests with `word_timestamps`).

@@ -13,7 +13,9 @@ are committed: their timings are sent at once (`stable_prefix.py`). The next job
 last committed word, aligned again but not sent again: an aligner's word ends are looser than its
 starts, and audio cut at an end that is a little early begins with a sound of no word it is given.
 Once a request's audio is complete, a final job aligns the rest at once (the result of a partial job
-still running is then dropped), and its timings are sent, then its end. The jobs of one engine step
+still running is then dropped), and its timings are sent, then its end. The engine's thread only notes
+what a job covers: the worker joins its audio and finds a final job's words, so a request's last audio
+leaves the engine without waiting on that work for every request ending in the same step. The jobs of one engine step
 reach the worker together; it takes every job waiting when it comes round and aligns them in batches
 of up to `_MAX_BATCH` (`align_batch`: one forward of a GPU aligner).
 The audio path never waits on alignment: only the request's end does. Audio that cannot be
@@ -60,6 +62,7 @@ class _Timed:
     text: str
     text_complete: bool
     chunks: list[np.ndarray] = field(default_factory=list)  # the audio from the last committed word's start on
+    # (the runner's arrays, or views of them: the sink's arrays are never changed)
     held: int = 0  # samples in `chunks`
     base: int = 0  # where `chunks` start, in samples from the request's first
     committed: int = 0  # words whose timings were sent
@@ -76,11 +79,14 @@ class _Timed:
 class _Job:
     request_id: str
     timed: _Timed
+    committed: int  # the request's words whose timings were sent when it was queued
     first: int  # index of its first word in the request's words (the last committed one, if any)
-    words: list[re.Match]
+    words: list[re.Match] | None  # from `first` on; None (a final job): the worker finds them in `text`
+    text: str
     floor: float  # where the committed words end (s)
-    pcm: np.ndarray
-    offset: float  # where `pcm` starts, in seconds from the request's first sample
+    chunks: list[np.ndarray]  # its audio, joined by the worker: the first `samples` samples of these
+    samples: int
+    offset: float  # where its audio starts, in seconds from the request's first sample
     end: float  # where it ends
     final: bool
 
@@ -169,7 +175,7 @@ class AligningRunner:
         timed = self._timed.get(request_id)
         if timed is None:
             return
-        timed.chunks.append(np.array(pcm, dtype=np.float32))
+        timed.chunks.append(np.asarray(pcm, dtype=np.float32))
         timed.held += len(pcm)
         self._queue_partial(request_id, timed)
 
@@ -188,7 +194,7 @@ class AligningRunner:
         most = timed.committed + math.ceil(seconds * _MAX_WORDS_PER_S) + _SPARE_WORDS
         if len(words) > timed.committed:
             timed.partial_at, timed.partial_time = received, now
-            self._queue(request_id, timed, words[: most], final=False)
+            self._queue(request_id, timed, words[max(timed.committed - 1, 0) : most], final=False)
 
     def _spoken(self, request_id: str, reason: str, input_tokens: int, output_tokens: int) -> bool:
         """The model finished a request: True if its end waits for its alignment."""
@@ -196,31 +202,19 @@ class AligningRunner:
         if timed is None:
             return False
         timed.ended = (reason, input_tokens, output_tokens)
-        return self._queue_final(request_id, timed)
-
-    def _queue_final(self, request_id: str, timed: _Timed) -> bool:
-        """Its last job, if words are left (True), else the request is done with (False)."""
-        words = list(_WORD.finditer(timed.text))
-        if len(words) == timed.committed:  # (never so while a job runs: it has words to align)
-            del self._timed[request_id]
-            return False
         timed.final_queued = True
-        self._queue(request_id, timed, words, final=True)
+        self._queue(request_id, timed, None, final=True)  # its words left, if any, are the worker's to find
         return True
 
-    def _queue(self, request_id: str, timed: _Timed, words: list[re.Match], final: bool) -> None:
-        """A job for `words` from the last committed one on (`words`: the request's, so far)."""
-        first = max(timed.committed - 1, 0)
-        if len(timed.chunks) > 1:
-            timed.chunks = [np.concatenate(timed.chunks)]
-        pcm = timed.chunks[0] if timed.chunks else np.zeros(0, np.float32)
+    def _queue(self, request_id: str, timed: _Timed, words: list[re.Match] | None, final: bool) -> None:
+        """A job for `words` (from the last committed one on), or for the words left (None, a final job)."""
         rate = self.info.sample_rate
-        if not final:
-            pcm = pcm[: round(_PARTIAL_MAX_S * rate)]
+        samples = timed.held if final else min(timed.held, round(_PARTIAL_MAX_S * rate))
         timed.busy = True
         self._in_flight += 1
-        self._step_jobs.append(_Job(request_id, timed, first, words[first:], timed.floor, pcm, timed.base / rate,
-                                    (timed.base + len(pcm)) / rate, final))
+        self._step_jobs.append(_Job(request_id, timed, timed.committed, max(timed.committed - 1, 0), words,
+                                    timed.text, timed.floor, list(timed.chunks), samples, timed.base / rate,
+                                    (timed.base + samples) / rate, final))
 
     def _collect(self, result: _Aligned, sink: OutputSink) -> None:
         job = result.job
@@ -251,8 +245,8 @@ class AligningRunner:
         timed.committed += count
         timed.floor = end
         cut = min(max(round(start * self.info.sample_rate) - timed.base, 0), timed.held)
-        if cut and timed.chunks:
-            timed.chunks = [timed.chunks[0][cut:]] if len(timed.chunks) == 1 else [np.concatenate(timed.chunks)[cut:]]
+        if cut:
+            timed.chunks = _dropped(timed.chunks, cut)
             timed.base += cut
             timed.held -= cut
 
@@ -275,16 +269,24 @@ class AligningRunner:
                     self._results.put(_Aligned(job, spans))
 
     def _align(self, jobs: list[_Job]) -> list[Spans | None]:
-        """Each job's spans (None: its audio could not be aligned)."""
+        """Each job's spans (None: its audio could not be aligned); a final job with no words left has none."""
         rate = self.info.sample_rate
+        for job in jobs:
+            if job.words is None:
+                words = list(_WORD.finditer(job.text))
+                job.words = words[job.first :] if len(words) > job.committed else []
+        aligned = [job for job in jobs if job.words]
         try:
-            results = self._aligner.align_batch([(job.pcm, rate, [m.group() for m in job.words]) for job in jobs],
-                                                open_end=[not job.final for job in jobs])
+            results = self._aligner.align_batch(
+                [(_joined(job.chunks, job.samples), rate, [m.group() for m in job.words]) for job in aligned],
+                open_end=[not job.final for job in aligned]) if aligned else []
         except Exception:  # a bug must not keep the requests from ending
-            log.exception("requests %s: alignment failed", ", ".join(job.request_id for job in jobs))
-            return [None] * len(jobs)
+            log.exception("requests %s: alignment failed", ", ".join(job.request_id for job in aligned))
+            results = [None] * len(aligned)
+        by_job = dict(zip(map(id, aligned), results, strict=True))
         out: list[Spans | None] = []
-        for job, spans in zip(jobs, results, strict=True):
+        for job in jobs:
+            spans = by_job.get(id(job), [])
             if isinstance(spans, AlignmentFailed):
                 if job.final:
                     log.warning("request %s: its audio could not be aligned with its text (%s); its last %d words "
@@ -292,6 +294,23 @@ class AligningRunner:
                 spans = None
             out.append(spans)
         return out
+
+
+def _joined(chunks: list[np.ndarray], samples: int) -> np.ndarray:
+    """The first `samples` samples of `chunks`, as one array."""
+    return np.concatenate(chunks)[:samples] if chunks else np.zeros(0, np.float32)
+
+
+def _dropped(chunks: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """`chunks` less their first `count` samples (views: nothing is copied)."""
+    out = []
+    for chunk in chunks:
+        if count >= len(chunk):
+            count -= len(chunk)
+        else:
+            out.append(chunk[count:])
+            count = 0
+    return out
 
 
 def _timings(words: list[re.Match], spans: Spans) -> WordTimings:

@@ -197,7 +197,11 @@ def test_a_final_job_is_queued_at_once_and_a_running_partial_one_dropped(spoken,
     runner = AligningRunner(SpeakingRunner(audio, espeak.sample_rate), aligner, clock=lambda: float(next(ticks)))
     sink = RecordingSink()
     runner.add(SpeechRequest(request_id="r", text=text, word_timestamps=True))
-    _run(runner, sink, until=lambda: aligner.sizes)  # a partial job, held by the gate
+    _run(runner, sink, until=lambda: runner._in_flight)  # a partial job is queued: no step until the worker has it
+    deadline = time.monotonic() + 60
+    while not aligner.sizes:  # held by the gate
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     _run(runner, sink, until=lambda: runner._timed["r"].ended is not None)
     assert runner._timed["r"].final_queued and aligner.sizes == [1]  # queued while the partial one runs
     aligner.gate.set()
