@@ -1,6 +1,7 @@
 """The eager path: prefill and frame steps through the model's own modules, request by request where
-sampling needs it. It serves every request on the CPU and sampled (non-greedy) requests anywhere; greedy
-requests on CUDA take the fast path (`fast_steps.FastSteps`), whose results it matches."""
+sampling needs it. It serves every request where there is no fast path (the CPU, unless switched on); with one
+(CUDA), every request takes the fast path (`fast_steps.FastSteps`), whose greedy results it matches and whose
+sampled results follow the same distributions from a different random stream."""
 
 from __future__ import annotations
 

@@ -4,11 +4,15 @@ One call of `FrameStepper.step(n_rows, width)` advances every *active* slot in `
 codec frame, entirely on the device:
 
 1. the code predictor fills codebooks 1..G-1 of the frame from the slot's last talker hidden state
-   and its pending codebook-0 id (15 greedy steps over a fresh 17-position cache);
+   and its pending codebook-0 id (15 steps over a fresh 17-position cache);
 2. the talker consumes the frame's summed codebook embeddings plus the slot's text-track embedding
    and attends over its KV-cache slot (keys `[0, width)`, masked to each slot's own length);
-3. the next codebook-0 id is chosen greedily after the repetition penalty and the suppress / minimum
-   length masks, exactly as `EagerPath.choose` does (`runtime/eager.py`).
+3. the next codebook-0 id is chosen after the repetition penalty and the suppress / minimum length masks,
+   as `EagerPath.choose` does (`runtime/eager.py`).
+
+Each choice is an argmax: of the scores themselves for greedy rows, exactly as the eager path, and for sampled
+rows of the warped scores plus Gumbel noise (`fast_sampling`). A step with any sampled row runs the sampled
+variant of the step (its own graphs), which samples without host syncs; greedy rows in it choose as before.
 
 Rows are KV-cache slots, so the batch needs no gather: the runner keeps busy slots low and pads the
 row count to a bucket; inactive rows (free slots, or requests waiting for text) compute garbage that
@@ -23,7 +27,8 @@ predictor passes are most of it. The step runs each layer as five Triton launche
 the talker's attention as `split_attend` up to `Qwen3Settings.split_attend_max_rows` rows, else a cache write
 and SDPA), and the predictor's passes as such launches only (`_predict_rows`); at one row, the one-launch CUDA
 kernels (`kernels/predictor.py`, `kernels/talker.py`) take the predictor's passes and the talker's layers where
-they can. Without the Triton kernels (switched off, or above `Qwen3Settings.kernel_max_rows` rows), and in
+they can (the one-launch predictor kernel picks greedily: sampled steps keep the per-layer launches). Without
+the Triton kernels (switched off, or above `Qwen3Settings.kernel_max_rows` rows), and in
 prefill, each layer runs as two fused torch halves (`runtime/fused_stack.py`).
 """
 
@@ -37,7 +42,9 @@ import torch.nn.functional as F
 from streamvox.models.qwen3_tts.kernels.graphs import capture_graph, copy_from_host
 from streamvox.models.qwen3_tts.kernels.predictor import predictor_passes
 from streamvox.models.qwen3_tts.kernels.talker import talker_layers
+from streamvox.models.qwen3_tts.runtime.fast_sampling import PREDICTOR, TALKER, SlotSampling
 from streamvox.models.qwen3_tts.runtime.fused_stack import FusedStack, compiled_fns, decode_kernels
+from streamvox.models.qwen3_tts.sampling import SamplerSettings
 from streamvox.settings import Qwen3Settings
 
 log = logging.getLogger(__name__)
@@ -62,7 +69,7 @@ def width_bucket(n: int, max_len: int) -> int:
 
 
 class FrameStepper:
-    """Per-slot device state and the greedy frame step (see module docstring). `use_graphs` and `use_kernels`
+    """Per-slot device state and the frame step (see module docstring). `use_graphs` and `use_kernels`
     override `settings` (`cuda_graphs` on CUDA; `kernels`)."""
 
     def __init__(self, model, cache, suppress: torch.Tensor, eos: int, min_new_tokens: int,
@@ -118,6 +125,8 @@ class FrameStepper:
         self.count = torch.zeros(slots, dtype=torch.long, device=dev)  # codebook-0 ids chosen so far
         self.seen = torch.zeros(slots, v, dtype=torch.bool, device=dev)
         self.penalty = torch.ones(slots, dtype=torch.float32, device=dev)
+        self.unit_penalty = torch.ones(slots, dtype=torch.float32, device=dev)  # sampled scores carry theirs
+        self.sampling = SlotSampling(slots, dev, use_compile)
         # per-step inputs, written by the host (one async copy)
         self.active = torch.zeros(slots, dtype=torch.bool, device=dev)
         self.text_ids = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -127,7 +136,7 @@ class FrameStepper:
         self.eos_mask = torch.zeros(v, dtype=torch.bool, device=dev)
         self.eos_mask[eos] = True
         self.ar = torch.arange(max(slots, self.groups + 1), device=dev)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}  # (rows, width, sampled)
         # batched prefill graphs (CUDA): static prompt buffer, rows x length buckets, the cache's last
         # slot as scratch for padded rows (the runner never hands it out)
         self.scratch = slots - 1
@@ -156,13 +165,16 @@ class FrameStepper:
         self.active[:rows].copy_(dev[:rows].bool())
         self.text_ids[:rows].copy_(dev[rows:])
 
-    def reset_slot(self, slot: int, penalty: float) -> None:
+    def reset_slot(self, slot: int, penalty: float, talker: SamplerSettings | None = None,
+                   predictor: SamplerSettings | None = None, seed: int = 0) -> None:
+        """Ready `slot` for a new request: its repetition penalty, and its stages' sampling (None: greedy)."""
         # fill_, not `t[slot] = 0`: assigning a Python number to a CUDA tensor element copies it from the
         # host and waits for all the work queued on the stream (the running frame steps)
         self.pos[slot].fill_(0)
         self.count[slot].fill_(0)
         self.seen[slot].zero_()
         self.penalty[slot].fill_(penalty)
+        self.sampling.set_slot(slot, talker, predictor, seed)
 
     @torch.inference_mode()
     def prefill(self, slot: int, embeds: torch.Tensor) -> torch.Tensor:
@@ -262,7 +274,7 @@ class FrameStepper:
         self.pos[idx] = last + 1
         self.hidden[idx] = h
         logits = self.talker.codec_head(h).float()
-        tok = self._choose(logits, idx)
+        tok = self._choose(logits, idx, sample=True)
         self.token[idx] = tok
         self.seen.index_put_((idx, tok), torch.ones_like(tok, dtype=torch.bool))  # fresh slots: one id each
         self.count[idx] += 1
@@ -274,18 +286,28 @@ class FrameStepper:
         self.hidden[slot] = hidden
         logits = self.talker.codec_head(hidden)[None].float()
         s = slice(slot, slot + 1)
-        tok = self._choose(logits, s)
+        tok = self._choose(logits, s, sample=True)
         self.token[s] = tok
         self._record(tok, s, torch.ones(1, dtype=torch.bool, device=self.device))
 
     # ------------------------------------------------------------------ the step
 
-    def _choose(self, logits: torch.Tensor, s: slice | torch.Tensor) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool = False,
+                compiled: bool = False) -> torch.Tensor:
+        return self._scores(logits, s, sample, compiled).argmax(-1)
+
+    def _scores(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool,
+                compiled: bool = False) -> torch.Tensor:
+        """Codebook-0 scores whose argmax is the choice: the repetition penalty and the masks, then with
+        `sample` the sampled rows' warp and noise."""
         pen = self.penalty[s, None]
         penalised = torch.where(logits < 0, logits * pen, logits / pen)
         logits = torch.where(self.seen[s], penalised, logits)
         mask = self.suppress[None] | (self.eos_mask[None] & (self.count[s] < self.min_new)[:, None])
-        return logits.masked_fill(mask, float("-inf")).argmax(-1)
+        logits = logits.masked_fill(mask, float("-inf"))
+        if sample:
+            logits = self.sampling.scores(logits, s, TALKER, self.count[s], 0, compiled)
+        return logits
 
     def _record(self, tok: torch.Tensor, s: slice, active: torch.Tensor) -> None:
         seen = self.seen[s]
@@ -293,7 +315,13 @@ class FrameStepper:
         seen.scatter_(1, tok[:, None], old | active[:, None])
         self.count[s] += active.long()
 
-    def _forward(self, rows: int, width: int) -> None:
+    def _pick(self, scores: torch.Tensor, s: slice, codebook: int, sampled: bool) -> torch.Tensor:
+        """The code predictor's scores `[rows, V]` (float32) for `codebook`, as scores whose argmax is the pick."""
+        if not sampled:
+            return scores
+        return self.sampling.scores(scores, s, PREDICTOR, self.count[s], codebook)
+
+    def _forward(self, rows: int, width: int, sampled: bool = False) -> None:
         talker = self.talker
         cp = talker.code_predictor
         s = slice(0, rows)
@@ -307,13 +335,14 @@ class FrameStepper:
         frames = self.frames[s]
         frames[:, 0] = first
         if kernels:
-            self._predict_rows(x, frames, embed)  # embed: now the frame's embedding sum (frame_embed)
+            self._predict_rows(x, frames, embed, sampled)  # embed: now the frame's embedding sum (frame_embed)
         else:
             start = 0
             for j in range(self.groups - 1):
                 n = x.shape[1]
-                frames[:, j + 1] = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
-                                                   self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
+                scores = self._pred_pass(x, self.pk, self.pv, self.pcos[:, start:start + n],
+                                         self.psin[:, start:start + n], start, cp.lm_head[j].weight, n > 1)
+                frames[:, j + 1] = self._pick(scores, s, j + 1, sampled).argmax(-1)
                 start += n
                 if j + 1 < self.groups - 1:
                     x = cp.model.codec_embedding[j](frames[:, j + 1])[:, None]
@@ -333,8 +362,11 @@ class FrameStepper:
             else:
                 h = self._talker_rows(x, slot, p, width, None if split else mask)
             h = ts.rms(h, ts.norm_w, ts.norm_eps)
-            ts.kernels.choose_commit(ts.kernels.linear(h, talker.codec_head.weight, out_dtype=torch.float32), h,
-                                     self.penalty[s], self.seen[s], self.suppress, self.eos_mask, self.count[s],
+            logits = ts.kernels.linear(h, talker.codec_head.weight, out_dtype=torch.float32)
+            penalty = self.penalty[s]
+            if sampled:  # penalised, masked, warped and noised here: the kernel's penalty becomes a no-op
+                logits, penalty = self._scores(logits, s, True, compiled=True), self.unit_penalty[s]
+            ts.kernels.choose_commit(logits, h, penalty, self.seen[s], self.suppress, self.eos_mask, self.count[s],
                                      self.pos[s], active, self.token[s], self.hidden[s], self.min_new)
             return
         kc, vc, rix = self.cache.k, self.cache.v, self.ar[s]
@@ -349,7 +381,7 @@ class FrameStepper:
         h = x[:, None]
         for i in range(len(ts.layers)):
             h = ts.layer(i, h, cos, sin, attend_t)
-        self._commit(ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0], s, active, first, hidden)
+        self._commit(ts.rms(h, ts.norm_w, ts.norm_eps)[:, 0], s, active, first, hidden, sampled)
 
     def _talker_rows(self, h: torch.Tensor, slot: torch.Tensor, p: torch.Tensor, width: int,
                      mask: torch.Tensor | None) -> torch.Tensor:
@@ -370,10 +402,11 @@ class FrameStepper:
             h = ts.layer_rows(i, h, slot, p, kc, vc, attend)
         return h
 
-    def _commit(self, h: torch.Tensor, s: slice, active: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor):
+    def _commit(self, h: torch.Tensor, s: slice, active: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor,
+                sampled: bool) -> None:
         """From the talker's final hidden states `h` `[rows, H]`: choose the next codebook-0 ids and
         advance the active rows (inactive rows keep `first` and `hidden`)."""
-        tok = self._choose(self.talker.codec_head(h).float(), s)
+        tok = self._choose(self.talker.codec_head(h).float(), s, sampled, compiled=True)
         self.token[s] = torch.where(active, tok, first)
         self.hidden[s] = torch.where(active[:, None], h, hidden)
         self._record(tok, s, active)
@@ -382,8 +415,8 @@ class FrameStepper:
     def _pred_pass(self, x, pk, pv, cos, sin, start: int, w_head, causal: bool):
         """One code-predictor pass: `x` `[rows, n, H_talker]` at positions `[start, start + n)` through
         the projection, the 5 layers (keys/values into the scratch cache `pk`/`pv`) and codebook head
-        `w_head`; returns the greedy ids `[rows]`. (Compiling the whole pass measured slower on the H200 than
-        the compiled layer halves it uses: frame step 7.3 vs 6.2 ms at batch 1.)"""
+        `w_head`; returns the head's scores `[rows, V]` (float32). (Compiling the whole pass measured slower on
+        the H200 than the compiled layer halves it uses: frame step 7.3 vs 6.2 ms at batch 1.)"""
         ps = self.pstack
         rows, n = x.shape[0], x.shape[1]
         end = start + n
@@ -396,16 +429,16 @@ class FrameStepper:
                                                enable_gqa=ps.gqa)
             h = ps.post(h, a, p["w_o"], p["w_ln2"], p["w_gu"], p["w_down"], ps.eps, ps.inter)
         h = ps.rms(h[:, -1], ps.norm_w, ps.norm_eps)
-        return F.linear(h, w_head).float().argmax(-1)
+        return F.linear(h, w_head).float()
 
-    def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor, embed: torch.Tensor) -> None:
+    def _predict_rows(self, x: torch.Tensor, frames: torch.Tensor, embed: torch.Tensor, sampled: bool) -> None:
         """`_pred_pass` x 15 with the Triton layers, from `x` `[rows, 2, H_talker]` (the talker's hidden
         state and codebook 0's embedding) into `frames[:, 1:]`, each chosen code's embedding added to
         `embed` `[rows, H_talker]` (codebook 0's), which ends as `frame_embed(frames)`. Each (request,
-        position) is a row whose cache slot is its request's. Between passes one GEMM picks the greedy id
-        from the head's scores, looks up its embedding and projects it, so the 15 passes are Triton launches
-        only (a projection other than a linear, as the 0.6B model's identity, is applied to the embedding
-        that `select_rows` looks up)."""
+        position) is a row whose cache slot is its request's. Between passes one GEMM picks the id (the argmax
+        of the head's scores, or in a sampled step of `_pick`'s), looks up its embedding and projects it, so the
+        15 passes are Triton launches only (a projection other than a linear, as the 0.6B model's identity, is
+        applied to the embedding that `select_rows` looks up)."""
         ps, dk = self.pstack, self.pstack.kernels
         cp = self.talker.code_predictor
         proj = cp.small_to_mtp_projection
@@ -424,6 +457,7 @@ class FrameStepper:
                 h = ps.layer_rows(i, h, slot, pos, self.pk[i], self.pv[i], one_per_slot=n == 1)
             last = h.view(rows, n, -1)[:, -1]
             scores = dk.linear(last, cp.lm_head[j].weight, norm=ps.norm_w, eps=ps.norm_eps, out_dtype=torch.float32)
+            scores = self._pick(scores, slice(0, rows), j + 1, sampled)
             start, n = start + n, 1
             last_pass = j + 1 == self.groups - 1
             table = cp.model.codec_embedding[j].weight
@@ -433,44 +467,47 @@ class FrameStepper:
                 e = dk.select_rows(scores, table, frames[:, j + 1], embed, embed=not last_pass)
                 if not last_pass:
                     h = proj(e)
-            if rows == 1 and self.pred_kernel is not None:  # the other passes in one launch
+            if rows == 1 and self.pred_kernel is not None and not sampled:  # the other passes in one launch
                 self.pred_kernel(h.view(-1), frames[0], embed[0])
                 return
 
     @torch.inference_mode()
-    def step(self, rows: int, width: int) -> None:
-        """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`)."""
+    def step(self, rows: int, width: int, sampled: bool = False) -> None:
+        """Advance the active slots in `[0, rows)` one frame (results in `frames`, `token`); `sampled`: some
+        active row samples (the step's sampled variant)."""
         if not self.use_graphs:
-            self._forward(rows, width)
+            self._forward(rows, width, sampled)
             return
-        graph = self.graphs.get((rows, width))
+        graph = self.graphs.get((rows, width, sampled))
         if graph is None:
-            graph = self._capture(rows, width)
+            graph = self._capture(rows, width, sampled)
         graph.replay()
 
-    def _capture(self, rows: int, width: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, rows: int, width: int, sampled: bool) -> torch.cuda.CUDAGraph:
         # Warm up and capture on a copy of the state, so the captured step does not advance anything.
         saved = [t.clone() for t in (self.hidden, self.token, self.pos, self.count, self.seen)]
         active_saved = self.active.clone()
         self.active.zero_()  # inactive rows commit nothing (only their KV position gets a write)
         try:
-            self._forward(rows, width)
+            self._forward(rows, width, sampled)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
+            self.sampling.fall_back()
             self.tstack.kernels = self.pstack.kernels = None
             fns = compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns
-        graph, _ = capture_graph(lambda: self._forward(rows, width), self.pool)
+        graph, _ = capture_graph(lambda: self._forward(rows, width, sampled), self.pool)
         for t, old in zip((self.hidden, self.token, self.pos, self.count, self.seen), saved, strict=True):
             t.copy_(old)
         self.active.copy_(active_saved)
-        self.graphs[(rows, width)] = graph
+        self.graphs[(rows, width, sampled)] = graph
         return graph
 
     @torch.inference_mode()
     def warmup(self, max_rows: int, widths: tuple[int, ...]) -> None:
-        """Capture the frame-step graphs for every row bucket up to `max_rows` at the given widths, and
+        """Capture the frame-step graphs (greedy and sampled) for every row bucket up to `max_rows` at the given
+        widths, and
         the prefill graphs of at most PREFILL_MAX_TOKENS positions (at load). No widths: nothing now (every
         graph is captured on first use)."""
         if not self.use_graphs or not widths:
@@ -479,8 +516,9 @@ class FrameStepper:
             for b in ROW_BUCKETS:
                 if b > max_rows:
                     break
-                if (b, w) not in self.graphs:
-                    self._capture(b, w)
+                for sampled in (False, True):
+                    if (b, w, sampled) not in self.graphs:
+                        self._capture(b, w, sampled)
         for rows in self.prefill_rows:
             for i in range(1, self.prefill_lens + 1):
                 width = i * PREFILL_LEN_STEP

@@ -1,5 +1,5 @@
-"""The fast path from the engine's side: greedy requests' prefills and frame steps on the slot-indexed
-`fast_path.FrameStepper`, whose state (pending id, hidden state) stays on the device.
+"""The fast path from the engine's side: prefills and frame steps on the slot-indexed `fast_path.FrameStepper`,
+whose state (pending id, hidden state, sampling parameters) stays on the device.
 
 Each step is one CUDA-graph replay per (row bucket, attention width) with no host sync; the chosen ids are
 read back asynchronously one step later to notice end-of-speech (that wait also keeps the host at most one
@@ -47,7 +47,8 @@ class FastSteps:
         """Run the prompts of `group` (requests with their slots, and their prompt embeddings) in one forward."""
         st = self.stepper
         for req, _ in group:
-            st.reset_slot(req.slot, req.talker_sampling.repetition_penalty)  # type: ignore[arg-type]
+            st.reset_slot(req.slot, req.talker_sampling.repetition_penalty, req.talker_sampling,  # type: ignore[arg-type]
+                          req.predictor_sampling, req.seed)
         if len(group) == 1 and not self.batch_prefill:
             req, embeds = group[0]
             last = st.prefill(req.slot, embeds)  # type: ignore[arg-type]
@@ -81,7 +82,7 @@ class FastSteps:
                     req.offset += 1
             st.set_inputs(active, ids, rows)
             span = time_gpu(self.timing, f"frame_step_{rows}", self.ar_stream)
-            st.step(rows, width)
+            st.step(rows, width, any(r.sampled for r in batch))
             span()
             frames = st.frames[:rows].clone()
             if self.dec_stream is not None:

@@ -60,11 +60,17 @@ class Request:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     fast: bool = False  # state lives in the FrameStepper's slot buffers
+    seed: int = 0  # the sampling seed (the request's or a random one; the fast path's noise)
     inflight: int = 0  # decoder calls whose audio has not been sent yet
     text_tokens: int = 0  # ids of the text to speak (usage: input_tokens)
     has_words: bool = False  # any non-whitespace text seen
     created: float = field(default_factory=time.perf_counter)
     audio_sent: bool = False
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the talker or the code predictor samples (not greedy)."""
+        return not (self.talker_sampling.greedy and self.predictor_sampling.greedy)
 
     @property
     def generating(self) -> bool:
@@ -123,14 +129,14 @@ class Admission:
 
     def new_request(self, request: SpeechRequest) -> Request:
         spec = self._voice_spec(request)
-        talker, predictor, generator, max_frames = self._sampling(request)
+        talker, predictor, generator, seed, max_frames = self._sampling(request)
         if request.initial_codec_chunk_frames is not None and request.initial_codec_chunk_frames < 1:
             raise RequestError("initial_codec_chunk_frames must be >= 1", param="initial_codec_chunk_frames")
         if request.text_complete and not request.text.strip():
             raise RequestError("input text is empty", param="input")
         req = Request(
             rid=request.request_id, spec=spec, talker_sampling=talker, predictor_sampling=predictor,
-            generator=generator, max_frames=max_frames, text=IncrementalText(self.model.tokenizer),
+            generator=generator, seed=seed, max_frames=max_frames, text=IncrementalText(self.model.tokenizer),
             initial_chunk=request.initial_codec_chunk_frames,
         )
         if spec.ref_codes is not None and not spec.non_streaming:
@@ -194,9 +200,10 @@ class Admission:
 
     def _sampling(
         self, r: SpeechRequest
-    ) -> tuple[SamplerSettings, SamplerSettings, torch.Generator | None, int]:
-        """The talker's and the code predictor's sampling, the request's generator (None: both greedy) and its
-        frame limit, from the request's overrides over the checkpoint's generation defaults."""
+    ) -> tuple[SamplerSettings, SamplerSettings, torch.Generator | None, int, int]:
+        """The talker's and the code predictor's sampling, the request's generator (None: both greedy), its seed
+        (the request's, else random; 0 when greedy) and its frame limit, from the request's overrides over the
+        checkpoint's generation defaults."""
         g = self.model.generation
         s = r.sampling
         temperature = g["temperature"] if s.temperature is None else s.temperature
@@ -219,8 +226,9 @@ class Admission:
         sub_greedy = temperature == 0 or not g.get("subtalker_dosample", True)
         predictor = SamplerSettings(0.0 if sub_greedy else float(g["subtalker_temperature"]),
                                     int(g["subtalker_top_k"]), float(g["subtalker_top_p"]), 1.0)
-        gen = None
+        gen, seed = None, 0
         if not (talker.greedy and predictor.greedy):
+            seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
             gen = torch.Generator(device=self.model.device)
-            gen.manual_seed(s.seed if s.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        return talker, predictor, gen, int(max_new)
+            gen.manual_seed(seed)
+        return talker, predictor, gen, seed, int(max_new)

@@ -8,7 +8,7 @@ The runner wires the parts together and answers the engine core (`streamvox.cont
   request owns; `voices.VoiceCloning` derives cloned voices from reference audio;
 - `scheduler.Scheduler` decides what each engine step runs: prefills into free slots of the talker's
   `kv_cache.SlotCache`, then one frame step for every request whose next text token is known, on the
-  `eager.EagerPath` or, for greedy requests on CUDA, the `fast_steps.FastSteps` over the CUDA-graph
+  `eager.EagerPath` or, on CUDA, the `fast_steps.FastSteps` over the CUDA-graph
   `fast_path.FrameStepper`;
 - `decode_pipeline.DecodePipeline` turns buffered frames into audio deltas on the sink, in chunks;
 - `timing.StepTiming` (with `Qwen3Settings.timing`) logs where each step's time goes.

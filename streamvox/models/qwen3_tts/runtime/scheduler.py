@@ -13,7 +13,6 @@ Each step:
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -27,13 +26,11 @@ from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache
 from streamvox.models.qwen3_tts.runtime.requests import Request
 from streamvox.models.qwen3_tts.runtime.timing import StepTiming
 
-log = logging.getLogger(__name__)
-
 
 class Scheduler:
-    """Owns the live requests (`requests`, in admission order `order`) and the free KV slots. Greedy requests
-    take the fast path when there is one (`fast`), the others the eager path. Fast-path prompts are prefilled
-    together, at most `max_prefill_batch` prompts and `max_prefill_tokens` padded positions per forward."""
+    """Owns the live requests (`requests`, in admission order `order`) and the free KV slots. Requests take the
+    fast path when there is one (`fast`, greedy and sampled alike), else the eager path. Fast-path prompts are
+    prefilled together, at most `max_prefill_batch` prompts and `max_prefill_tokens` padded positions per forward."""
 
     def __init__(self, requests: dict[str, Request], prompts: PromptBuilder, cache: SlotCache, eager: EagerPath,
                  fast: FastSteps | None, pipeline: DecodePipeline, max_batch: int, max_prefill_batch: int,
@@ -49,7 +46,6 @@ class Scheduler:
         self.max_prefill_batch = max_prefill_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.timing = timing
-        self.warned_eager = False  # a sampled request was sent to the eager path beside a fast path (logged once)
 
     def add(self, req: Request) -> None:
         self.requests[req.rid] = req
@@ -116,7 +112,7 @@ class Scheduler:
     def _prefill(self, ready: list[Request], sink: OutputSink) -> None:
         """Start the ready requests (first come, first served) in free slots and run their prompts.
 
-        Fast-path (greedy) prompts go through the talker together, in groups of at most
+        Fast-path prompts go through the talker together, in groups of at most
         `max_prefill_batch` prompts and `max_prefill_tokens` padded positions (one forward each), so a
         burst of arrivals costs one prefill rather than one per request; the others run one by one."""
         group: list[tuple[Request, torch.Tensor]] = []
@@ -159,11 +155,7 @@ class Scheduler:
             self.timing.latency["admit"].append(time.perf_counter() - req.created)
         req.prompt_tokens = n
         req.length, req.offset = n, prompt.track_offset
-        req.fast = self.fast is not None and req.talker_sampling.greedy and req.predictor_sampling.greedy
-        if self.fast is not None and not req.fast and not self.warned_eager:
-            self.warned_eager = True
-            log.warning("sampled requests (temperature > 0, the checkpoint's default unless a request sends "
-                        "temperature 0) take the eager path, not the fast path")
+        req.fast = self.fast is not None
         return prompt.embeds
 
     def _finish(self, sink: OutputSink) -> None:
