@@ -24,6 +24,7 @@ from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel  # noqa: E
 from streamvox.models.qwen3_tts.model.layers import apply_rope, rope_inv_freq  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache  # noqa: E402
+from streamvox.models.qwen3_tts.sampling import SamplerSettings  # noqa: E402
 from streamvox.settings import Qwen3Settings  # noqa: E402
 
 EPS = 1e-6
@@ -215,20 +216,22 @@ def one_row_case(ckpt: str) -> None:
     print("one row: codes identical")
 
 
-def frame_step_case(ckpt: str) -> None:
+def frame_step_case(ckpt: str, sampled: bool = False) -> None:
     """Four rows (one inactive, prompts of different lengths): the frame step's codes with the kernels
     equal those of its torch layers, its hidden states within float32 rounding; with the kernels, both
     ways between predictor passes: the fused select GEMM (a linear projection) and the torch argmax and
     lookup (any other projection, as the 0.6B model's identity; here the same linear, wrapped); with
     the GEMMs of rows >= 2 in cuBLAS (CUBLAS_MIN_ROWS); and with the talker's attention as a cache write and
-    SDPA instead of `split_attend` (here over blocks of 4 positions, so over up to three blocks)."""
+    SDPA instead of `split_attend` (here over blocks of 4 positions, so over up to three blocks). `sampled`:
+    rows 0 and 2 sample (the step's sampled variant, the first three ways only), row 1 stays greedy."""
     model = Qwen3TTSModel.from_pretrained(ckpt)
     tc = model.cfg.talker
     cp = model.talker.code_predictor
     linear_proj = cp.small_to_mtp_projection
     results = []
     variants = ((False, False, "torch layers"), (True, False, "fused select"), (True, True, "torch select"),
-                (True, False, "cuBLAS GEMMs"), (True, False, "talker SDPA"))
+                (True, False, "cuBLAS GEMMs"), (True, False, "talker SDPA"))[: 3 if sampled else 5]
+    sampling = SamplerSettings(0.9, 50, 0.95, 1.1)
     dka.SPLIT_POSITIONS = 4
     for kernels, wrapped, name in variants:
         cp.small_to_mtp_projection = torch.nn.Sequential(linear_proj) if wrapped else linear_proj
@@ -240,12 +243,15 @@ def frame_step_case(ckpt: str) -> None:
             st.split_attend_max_rows = 0
         prompts = torch.randn(3, 7, tc.hidden_size)
         for i in range(3):
-            st.reset_slot(i, 1.1)
+            if sampled and i != 1:
+                st.reset_slot(i, 1.1, sampling, sampling, seed=11 + i)
+            else:
+                st.reset_slot(i, 1.1)
         st.prefill_batch([0, 1, 2], [prompts[0], prompts[1, :5], prompts[2, :3]])
         frames = []
         for k in range(2):
             st.set_inputs([True, k == 0, True, False], [3, 4, 5, 6], 4)
-            st.step(4, 64)
+            st.step(4, 64, sampled)
             frames.append(st.frames[:4].clone())
         results.append((torch.stack(frames), st.hidden[:4].clone(), st.pos[:4].clone()))
     f0, h0, p0 = results[0]
@@ -253,12 +259,13 @@ def frame_step_case(ckpt: str) -> None:
         assert torch.equal(f0, f1), f"{name}: codes differ:\n{f0}\n{f1}"
         assert torch.equal(p0, p1)
         close(f"frame step hidden states ({name})", h1, h0, 1e-4)
-    print("frame step: codes identical")
+    print(f"{'sampled ' if sampled else ''}frame step: codes identical")
 
 
 if __name__ == "__main__":
     # argv: a folder for the tiny checkpoint, then the part: "kernels" (each kernel against torch), "step" (a
-    # four-row frame step) or "one-row" (a one-row frame step); one subprocess each keeps each under its timeout
+    # four-row frame step), "sampled-step" (the same with sampled rows) or "one-row" (a one-row frame step); one
+    # subprocess each keeps each under its timeout
     torch.manual_seed(0)
     dkm.CUBLAS_MIN_ROWS = 1 << 20  # the Triton GEMM, unless a case says otherwise
     part = sys.argv[2]
@@ -269,5 +276,8 @@ if __name__ == "__main__":
         choose_commit_cases()
     else:
         ckpt = str(build_tiny_checkpoint(sys.argv[1], "custom_voice"))
-        (frame_step_case if part == "step" else one_row_case)(ckpt)
+        if part == "one-row":
+            one_row_case(ckpt)
+        else:
+            frame_step_case(ckpt, sampled=part == "sampled-step")
     print("ok")

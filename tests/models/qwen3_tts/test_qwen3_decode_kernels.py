@@ -35,5 +35,9 @@ def test_frame_step_with_kernels_matches_torch_layers(tmp_path) -> None:
     assert "frame step: codes identical" in _job(tmp_path, "step")
 
 
+def test_sampled_frame_step_with_kernels_matches_torch_layers(tmp_path) -> None:
+    assert "sampled frame step: codes identical" in _job(tmp_path, "sampled-step")
+
+
 def test_one_row_frame_step_with_kernels_matches_torch_layers(tmp_path) -> None:
     assert "one row: codes identical" in _job(tmp_path, "one-row")
