@@ -17,7 +17,8 @@ Parts (each a flag; all take --model DIR, a checkpoint from make_real_shape_chec
                cuDNN autotuning off and on), measured copy bandwidth, and the memory-bandwidth bound of each;
   --serve      starts `streamvox serve` on the GPU and drives POST /v1/audio/speech (stream_format=audio,
                pcm), 10-second outputs (max_new_tokens 125, end-of-speech ignored via
-               STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0);
+               STREAMVOX_QWEN3_IGNORE_EOS=1 as the weights are random), greedy (temperature 0; --temperature T ...
+               runs each level at each T, "default" sending none: the checkpoint's sampling);
                TTFP / E2E / RTF / playback stall p50 p95 p99 and audio seconds per second at each concurrency, with
                serving_bench's minimal HTTP client and with httpx (--clients); with --aligner, SSE with word
                timestamps off then on, --rounds times over at each level, and the tail: how long a request's end
@@ -666,8 +667,10 @@ def profile(model_dir: str) -> dict:
 # ------------------------------------------------------------------------------------------ serve
 
 
-async def _level(url: str, concurrency: int, n: int, frames: int, client: str, timestamps: bool | None = None) -> dict:
-    """One concurrency level: a warm-up round (not counted), then `n` requests by `concurrency` workers.
+async def _level(url: str, concurrency: int, n: int, frames: int, client: str, timestamps: bool | None = None,
+                 temperature: float | None = 0.0) -> dict:
+    """One concurrency level: a warm-up round (not counted), then `n` requests by `concurrency` workers, each
+    sending `temperature` (None: no temperature, the checkpoint's default sampling).
     `client`: "raw" (serving_bench's minimal HTTP/1.1 client, one keep-alive connection per worker) or
     "httpx" (pure-Python HTTP in this one event loop: at 16 and 64 streams its own cost shows in TTFP and
     throughput, see RESULTS.md). `timestamps` True or False: SSE, with or without `word_timestamps` (raw client
@@ -676,7 +679,9 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str, t
     from serving_bench import RawConnection, one_request, one_request_raw
 
     body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", "sample_rate": 24000,
-            "max_new_tokens": frames, "temperature": 0.0}
+            "max_new_tokens": frames}
+    if temperature is not None:
+        body["temperature"] = temperature
     sse = timestamps is not None
     if sse:
         body.update(stream_format="sse", word_timestamps=timestamps)
@@ -708,7 +713,7 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str, t
         await run(max(concurrency, 2), concurrency)  # warm-up, not counted
         results, wall = await run(n, concurrency)
     row: dict = {"concurrency": concurrency, "client": client, "requests": len(results), "sse": sse,
-                 "word_timestamps": bool(timestamps)}
+                 "word_timestamps": bool(timestamps), "temperature": temperature}
     if sse:
         row["timestamp_events_min"] = min(r["timestamp_events"] for r in results)
     for name, vals in (("ttfp_ms", [r["ttfp"] * 1000 for r in results]), ("e2e_ms", [r["e2e"] * 1000 for r in results]),
@@ -724,10 +729,10 @@ async def _level(url: str, concurrency: int, n: int, frames: int, client: str, t
 
 
 def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, clients: list[str],
-          aligner: str | None = None, rounds: int = 1) -> list[dict]:
-    """The levels with each client; with `aligner` (a server started with `--aligner`), SSE with word timestamps
-    off, then on, at each level (raw client), `rounds` times over: the off rounds' spread is the run-to-run
-    spread the on rounds are judged against."""
+          aligner: str | None = None, rounds: int = 1, temperatures: tuple[float | None, ...] = (0.0,)) -> list[dict]:
+    """The levels with each client and each of `temperatures` (None: the checkpoint's default); with `aligner` (a
+    server started with `--aligner`), SSE with word timestamps off, then on, at each level (raw client), `rounds`
+    times over: the off rounds' spread is the run-to-run spread the on rounds are judged against."""
     from tests.helpers.server import Server, free_port
 
     env = {"STREAMVOX_QWEN3_IGNORE_EOS": "1", "STREAMVOX_QWEN3_WARMUP_WIDTHS": "256"}
@@ -748,20 +753,22 @@ def serve(model_dir: str, levels: list[int], frames: int, max_batch: int, client
             runs = [(c, "raw", stamps) for c in levels for _ in range(rounds) for stamps in (False, True)]
         else:
             runs = [(c, client, None) for client in clients for c in levels]
-        for c, client, timestamps in runs:
-            row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client, timestamps))
-            rows.append(row)
-            log(json.dumps(row))
+        for temperature in temperatures:
+            for c, client, timestamps in runs:
+                row = asyncio.run(_level(server.url, c, max(16, 4 * c), frames, client, timestamps, temperature))
+                rows.append(row)
+                log(json.dumps(row))
     finally:
         server.stop()
-    log("\n| client | word timestamps | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms | E2E p95 "
-        "| E2E p99 | RTF p50 | RTF p95 | RTF p99 | RTF to last audio p50 | audio s/s | stall p50 ms | stall p95 "
-        "| tail p50 ms |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("\n| temperature | client | word timestamps | concurrency | TTFP p50 ms | TTFP p95 | TTFP p99 | E2E p50 ms "
+        "| E2E p95 | E2E p99 | RTF p50 | RTF p95 | RTF p99 | RTF to last audio p50 | audio s/s | stall p50 ms "
+        "| stall p95 | tail p50 ms |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stamps = {None: "-", False: "off (SSE)", True: "on (SSE)"}[r["word_timestamps"] if r["sse"] else None]
-        log(f"| {r['client']} | {stamps} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} | {r['ttfp_ms_p95']:.1f} "
-            f"| {r['ttfp_ms_p99']:.1f} "
+        temp = "default" if r["temperature"] is None else r["temperature"]
+        log(f"| {temp} | {r['client']} | {stamps} | {r['concurrency']} | {r['ttfp_ms_p50']:.1f} "
+            f"| {r['ttfp_ms_p95']:.1f} | {r['ttfp_ms_p99']:.1f} "
             f"| {r['e2e_ms_p50']:.0f} | {r['e2e_ms_p95']:.0f} | {r['e2e_ms_p99']:.0f} | {r['rtf_p50']:.4f} "
             f"| {r['rtf_p95']:.4f} | {r['rtf_p99']:.4f} | {r['rtf_audio_p50']:.4f} "
             f"| {r['audio_s_per_s']:.1f} | {r['stall_ms_p50']:.0f} "
@@ -842,6 +849,8 @@ def main() -> None:
                     help="HTTP clients that drive --serve, each over every level (default both)")
     ap.add_argument("--frames", type=int, default=125)
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--temperature", nargs="+", default=["0"],
+                    help="--serve: each level at each temperature; 'default': none sent (the checkpoint's sampling)")
     ap.add_argument("--aligner", default=None, help="--serve: a forced-aligner checkpoint; SSE, timestamps off and on")
     ap.add_argument("--rounds", type=int, default=1, help="--serve --aligner: timestamps off then on, this many times")
     ap.add_argument("--ref-runs", type=int, default=3)
@@ -865,6 +874,7 @@ def main() -> None:
                 json.dump(results, f, indent=1)
 
     dtypes = tuple(getattr(torch, d) for d in args.check_dtypes)
+    temperatures = tuple(None if t == "default" else float(t) for t in args.temperature)
     parts = [("profile", lambda: profile(args.model)),
              ("check", lambda: check(args.model, args.device, dtypes, tuple(args.check_requests))),
              ("repeat", lambda: repeat(args.model, args.device, dtypes)),
@@ -872,7 +882,7 @@ def main() -> None:
              ("predictor_kernel", lambda: one_launch_kernel(args.model, "predictor")),
              ("talker_kernel", lambda: one_launch_kernel(args.model, "talker")),
              ("serve", lambda: serve(args.model, args.concurrency, args.frames, args.max_batch, args.clients,
-                                     args.aligner, args.rounds)),
+                                     args.aligner, args.rounds, temperatures)),
              ("reference", lambda: reference(args.model, args.frames, args.ref_runs, args.ref_python, args.ref_path))]
     for name, fn in parts:
         if not getattr(args, name):

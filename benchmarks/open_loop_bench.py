@@ -22,8 +22,8 @@ A random-weight checkpoint (make_real_shape_checkpoint.py) never chooses end-of-
 --frames-per-word F gives each request `max_new_tokens` = F x its words, and the server it starts runs with
 STREAMVOX_QWEN3_IGNORE_EOS=1, so every reply is as long as speech of its text would be (5 frames of the 12.5 Hz
 codec a word is 0.4 s, about 150 words a minute). --temperature T is sent with every request; without it the
-checkpoint's default applies, which for Qwen3-TTS samples, and on a GPU sampled requests take the eager path,
-not the CUDA-graph fast path (docs/gpu.md). Example on a GPU:
+checkpoint's default applies, which for Qwen3-TTS samples (on a GPU sampled requests take the CUDA-graph fast path
+as greedy ones do, with the noise drawn on the device: docs/gpu.md). Example on a GPU:
   python benchmarks/open_loop_bench.py --model /tmp/q17 --frames-per-word 5 --temperature 0 \
       --server-args "--max-batch 64" --startup-timeout 600 --rates 1 5 10 20 30 40 60 --duration 60 --warmup 10
 """

@@ -159,9 +159,9 @@ def attention_cases() -> None:
 
 
 def choose_commit_cases() -> None:
-    """`choose_commit` against `FrameStepper._choose` and `_record` (called on the same state) and `_commit`'s
-    updates: penalised, suppressed and too-early end-of-speech ids over three rows (one inactive), a vocabulary
-    of more than one block."""
+    """`choose_commit` against the argmax of `FrameStepper._scores` (greedy) and `_record` (called on the same
+    state) and `_commit`'s updates: penalised, suppressed and too-early end-of-speech ids over three rows (one
+    inactive), a vocabulary of more than one block."""
     m, v, h = 3, 2500, 40
     logits, hid = torch.randn(m, v) * 3, torch.randn(m, h)
     seen = torch.rand(m, v) < 0.3
@@ -176,7 +176,7 @@ def choose_commit_cases() -> None:
     active, token, hidden = torch.tensor([True, False, True]), torch.tensor([11, 12, 13]), torch.randn(m, h)
     ref = SimpleNamespace(penalty=penalty, seen=seen.clone(), suppress=suppress, eos_mask=eos, count=count.clone(),
                           min_new=2)
-    want = FrameStepper._choose(ref, logits, slice(0, m))
+    want = FrameStepper._scores(ref, logits, slice(0, m), sample=False).argmax(-1)
     assert want[0] != 1700 and want[1] == 40 and want[2] != 2499
     FrameStepper._record(ref, want, slice(0, m), active)
     w_token, w_hidden = torch.where(active, want, token), torch.where(active[:, None], hid, hidden)

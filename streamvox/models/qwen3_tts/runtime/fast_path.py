@@ -492,7 +492,6 @@ class FrameStepper:
             self._forward(rows, width, sampled)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.sampling.fall_back()
             self.tstack.kernels = self.pstack.kernels = None
             fns = compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns

@@ -15,6 +15,8 @@ draws from the same distributions but a different random stream: a seed gives di
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from streamvox.models.qwen3_tts.sampling import SamplerSettings
@@ -23,6 +25,8 @@ _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64's increment and multiplier
 _MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MUL2 = 0x94D049BB133111EB - (1 << 64)
 TALKER, PREDICTOR = 0, 1  # the two stages' rows in `SlotSampling`'s parameters
+
+log = logging.getLogger(__name__)
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -78,7 +82,7 @@ def seed_bits(seed: int) -> int:
 class SlotSampling:
     """Each KV slot's sampling parameters on the device, for the talker's codebook-0 choice (`TALKER`) and the
     code predictor's (`PREDICTOR`), and its seed. `compiled`: `scores` runs through torch.compile (the frame step
-    on CUDA); `fall_back` returns to plain torch ops if that fails."""
+    on CUDA), or plain torch ops if that fails (on the first call: the eager warm-up before a graph capture)."""
 
     def __init__(self, slots: int, device: torch.device, compiled: bool = False) -> None:
         self.temperature = torch.zeros(2, slots, dtype=torch.float32, device=device)
@@ -86,9 +90,6 @@ class SlotSampling:
         self.top_p = torch.ones(2, slots, dtype=torch.float32, device=device)
         self.seed = torch.zeros(slots, dtype=torch.long, device=device)
         self.fn = torch.compile(sampled_scores, dynamic=True, fullgraph=True) if compiled else sampled_scores
-
-    def fall_back(self) -> None:
-        self.fn = sampled_scores
 
     def set_slot(self, slot: int, talker: SamplerSettings | None, predictor: SamplerSettings | None,
                  seed: int) -> None:
@@ -103,6 +104,12 @@ class SlotSampling:
     def scores(self, logits: torch.Tensor, rows: slice | torch.Tensor, stage: int, counter: torch.Tensor,
                codebook: int, compiled: bool = True) -> torch.Tensor:
         """`sampled_scores` for slots `rows` of `stage`, whose logits `[R, V]` (float32) are given."""
-        fn = self.fn if compiled else sampled_scores
-        return fn(logits, self.temperature[stage, rows], self.top_k[stage, rows], self.top_p[stage, rows],
-                  self.seed[rows], counter, codebook)
+        args = (logits, self.temperature[stage, rows], self.top_k[stage, rows], self.top_p[stage, rows],
+                self.seed[rows], counter, codebook)
+        if compiled and self.fn is not sampled_scores:
+            try:
+                return self.fn(*args)
+            except Exception:
+                log.exception("compiled sampling failed; continuing with plain torch ops")
+                self.fn = sampled_scores
+        return sampled_scores(*args)
