@@ -126,7 +126,7 @@ class FrameStepper:
         self.seen = torch.zeros(slots, v, dtype=torch.bool, device=dev)
         self.penalty = torch.ones(slots, dtype=torch.float32, device=dev)
         self.unit_penalty = torch.ones(slots, dtype=torch.float32, device=dev)  # sampled scores carry theirs
-        self.sampling = SlotSampling(slots, dev, use_compile)
+        self.sampling = SlotSampling(slots, dev, noise_kernel=kernels is not None)
         # per-step inputs, written by the host (one async copy)
         self.active = torch.zeros(slots, dtype=torch.bool, device=dev)
         self.text_ids = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -292,12 +292,10 @@ class FrameStepper:
 
     # ------------------------------------------------------------------ the step
 
-    def _choose(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool = False,
-                compiled: bool = False) -> torch.Tensor:
-        return self._scores(logits, s, sample, compiled).argmax(-1)
+    def _choose(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool = False) -> torch.Tensor:
+        return self._scores(logits, s, sample).argmax(-1)
 
-    def _scores(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool,
-                compiled: bool = False) -> torch.Tensor:
+    def _scores(self, logits: torch.Tensor, s: slice | torch.Tensor, sample: bool) -> torch.Tensor:
         """Codebook-0 scores whose argmax is the choice: the repetition penalty and the masks, then with
         `sample` the sampled rows' warp and noise."""
         pen = self.penalty[s, None]
@@ -306,7 +304,7 @@ class FrameStepper:
         mask = self.suppress[None] | (self.eos_mask[None] & (self.count[s] < self.min_new)[:, None])
         logits = logits.masked_fill(mask, float("-inf"))
         if sample:
-            logits = self.sampling.scores(logits, s, TALKER, self.count[s], 0, compiled)
+            logits = self.sampling.scores(logits, s, TALKER, self.count[s], 0)
         return logits
 
     def _record(self, tok: torch.Tensor, s: slice, active: torch.Tensor) -> None:
@@ -365,7 +363,7 @@ class FrameStepper:
             logits = ts.kernels.linear(h, talker.codec_head.weight, out_dtype=torch.float32)
             penalty = self.penalty[s]
             if sampled:  # penalised, masked, warped and noised here: the kernel's penalty becomes a no-op
-                logits, penalty = self._scores(logits, s, True, compiled=True), self.unit_penalty[s]
+                logits, penalty = self._scores(logits, s, True), self.unit_penalty[s]
             ts.kernels.choose_commit(logits, h, penalty, self.seen[s], self.suppress, self.eos_mask, self.count[s],
                                      self.pos[s], active, self.token[s], self.hidden[s], self.min_new)
             return
@@ -406,7 +404,7 @@ class FrameStepper:
                 sampled: bool) -> None:
         """From the talker's final hidden states `h` `[rows, H]`: choose the next codebook-0 ids and
         advance the active rows (inactive rows keep `first` and `hidden`)."""
-        tok = self._choose(self.talker.codec_head(h).float(), s, sampled, compiled=True)
+        tok = self._choose(self.talker.codec_head(h).float(), s, sampled)
         self.token[s] = torch.where(active, tok, first)
         self.hidden[s] = torch.where(active[:, None], h, hidden)
         self._record(tok, s, active)
@@ -492,7 +490,7 @@ class FrameStepper:
             self._forward(rows, width, sampled)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.tstack.kernels = self.pstack.kernels = None
+            self.tstack.kernels = self.pstack.kernels = self.sampling.add_gumbel = None
             fns = compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns

@@ -9,13 +9,12 @@ untouched: their argmax is exactly the greedy choice.
 
 The noise comes from a counter-based hash (splitmix64's mixer, in int64 tensor ops with wrapping products) of
 (row seed, the slot's codebook-0 count, codebook, vocabulary id): no torch.Generator, so a seeded request draws
-the same noise whatever else is batched with it. The eager path (`sampling.select`, the request's generator)
+the same noise whatever else is batched with it. With the Triton decode kernels, one launch
+(`kernels/triton_sampling.py`) draws the noise and adds it, the same bits as the torch ops here. The eager path (`sampling.select`, the request's generator)
 draws from the same distributions but a different random stream: a seed gives different audio on the two paths.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 
@@ -25,8 +24,6 @@ _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64's increment and multiplier
 _MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MUL2 = 0x94D049BB133111EB - (1 << 64)
 TALKER, PREDICTOR = 0, 1  # the two stages' rows in `SlotSampling`'s parameters
-
-log = logging.getLogger(__name__)
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,15 +78,21 @@ def seed_bits(seed: int) -> int:
 
 class SlotSampling:
     """Each KV slot's sampling parameters on the device, for the talker's codebook-0 choice (`TALKER`) and the
-    code predictor's (`PREDICTOR`), and its seed. `compiled`: `scores` runs through torch.compile (the frame step
-    on CUDA), or plain torch ops if that fails (on the first call: the eager warm-up before a graph capture)."""
+    code predictor's (`PREDICTOR`), and its seed. `noise_kernel` (with the Triton decode kernels): the noise in one
+    launch (`kernels/triton_sampling.add_gumbel`, `add_gumbel`) instead of `sampled_scores`'s torch ops.
+    (torch.compile of `sampled_scores` is not used: on the CPU, inductor's vectorised int64 code gave other bits
+    than eager.)"""
 
-    def __init__(self, slots: int, device: torch.device, compiled: bool = False) -> None:
+    def __init__(self, slots: int, device: torch.device, noise_kernel: bool = False) -> None:
         self.temperature = torch.zeros(2, slots, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(2, slots, dtype=torch.long, device=device)
         self.top_p = torch.ones(2, slots, dtype=torch.float32, device=device)
         self.seed = torch.zeros(slots, dtype=torch.long, device=device)
-        self.fn = torch.compile(sampled_scores, dynamic=True, fullgraph=True) if compiled else sampled_scores
+        self.add_gumbel = None
+        if noise_kernel:
+            from streamvox.models.qwen3_tts.kernels.triton_sampling import add_gumbel
+
+            self.add_gumbel = add_gumbel
 
     def set_slot(self, slot: int, talker: SamplerSettings | None, predictor: SamplerSettings | None,
                  seed: int) -> None:
@@ -102,14 +105,10 @@ class SlotSampling:
         self.seed[slot].fill_(seed_bits(seed))
 
     def scores(self, logits: torch.Tensor, rows: slice | torch.Tensor, stage: int, counter: torch.Tensor,
-               codebook: int, compiled: bool = True) -> torch.Tensor:
+               codebook: int) -> torch.Tensor:
         """`sampled_scores` for slots `rows` of `stage`, whose logits `[R, V]` (float32) are given."""
-        args = (logits, self.temperature[stage, rows], self.top_k[stage, rows], self.top_p[stage, rows],
-                self.seed[rows], counter, codebook)
-        if compiled and self.fn is not sampled_scores:
-            try:
-                return self.fn(*args)
-            except Exception:
-                log.exception("compiled sampling failed; continuing with plain torch ops")
-                self.fn = sampled_scores
-        return sampled_scores(*args)
+        t, seed = self.temperature[stage, rows], self.seed[rows]
+        if self.add_gumbel is None:
+            return sampled_scores(logits, t, self.top_k[stage, rows], self.top_p[stage, rows], seed, counter, codebook)
+        warped = warp(logits, t, self.top_k[stage, rows], self.top_p[stage, rows])
+        return self.add_gumbel(warped, logits, t, seed, counter, codebook)
