@@ -20,11 +20,11 @@ from qwen3_tiny import build_tiny_checkpoint  # noqa: E402
 from streamvox.models.qwen3_tts.kernels import triton_decode as dk  # noqa: E402
 from streamvox.models.qwen3_tts.kernels.triton_decode import attention as dka  # noqa: E402
 from streamvox.models.qwen3_tts.kernels.triton_decode import matmul as dkm  # noqa: E402
-from streamvox.models.qwen3_tts.kernels.triton_sampling import add_gumbel  # noqa: E402
+from streamvox.models.qwen3_tts.kernels.triton_sampling import sample_scores  # noqa: E402
 from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel  # noqa: E402
 from streamvox.models.qwen3_tts.model.layers import apply_rope, rope_inv_freq  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.fast_path import FrameStepper  # noqa: E402
-from streamvox.models.qwen3_tts.runtime.fast_sampling import sampled_scores, warp  # noqa: E402
+from streamvox.models.qwen3_tts.runtime.fast_sampling import sampled_scores  # noqa: E402
 from streamvox.models.qwen3_tts.runtime.kv_cache import SlotCache  # noqa: E402
 from streamvox.models.qwen3_tts.sampling import SamplerSettings  # noqa: E402
 from streamvox.settings import Qwen3Settings  # noqa: E402
@@ -190,24 +190,27 @@ def choose_commit_cases() -> None:
     print("choose_commit: identical")
 
 
-def sampling_noise_cases() -> None:
-    """`add_gumbel` against its torch twin `fast_sampling.sampled_scores`: the same scores (the hash's bits exactly,
-    the float64 logarithms within rounding) over a vocabulary of several blocks, greedy rows' scores untouched."""
-    r, v = 5, 2100
-    logits = torch.randn(r, v) * 3
-    logits[:, 2000:2050] = float("-inf")
-    t = torch.tensor([0.9, 0.0, 1.0, 0.5, 1.3])
-    k, p = torch.tensor([50, 0, 0, 7, 2100]), torch.tensor([1.0, 1.0, 0.8, 0.95, 1.0])
-    seed = torch.tensor([0, 5, -(1 << 63), (1 << 63) - 1, 123456789])
-    counter = torch.tensor([0, 1, 7, 300, 2])
-    for codebook in (0, 15):
-        want = sampled_scores(logits, t, k, p, seed, counter, codebook)
-        got = add_gumbel(warp(logits, t, k, p), logits, t, seed, counter, codebook)
-        assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.equal(got[1], logits[1])
-        finite = ~torch.isinf(want)
-        close(f"add_gumbel codebook {codebook}", got[finite], want[finite], 1e-5)
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
-    print("add_gumbel: identical choices")
+def sampling_cases() -> None:
+    """`sample_scores` against its torch twin `fast_sampling.sampled_scores`: the same scores (the warp's cuts
+    identical, the noise's float64 logarithms within rounding) over vocabularies of one and of a padded block
+    (2100 of 4096), with suppressed ids and ties, per-row temperature / top-k / top-p, greedy rows untouched."""
+    t = torch.tensor([0.9, 0.0, 1.0, 0.5, 1.3, 0.7])
+    k, p = torch.tensor([50, 0, 0, 7, 5000, 3]), torch.tensor([1.0, 1.0, 0.8, 0.95, 1.0, 0.5])
+    seed = torch.tensor([0, 5, -(1 << 63), (1 << 63) - 1, 123456789, 77])
+    counter = torch.tensor([0, 1, 7, 300, 2, 1 << 40])
+    for v in (2048, 2100):
+        logits = torch.randn(6, v) * 3
+        logits[:, 2000:2040] = float("-inf")
+        logits[5, 10] = logits[5, 11] = logits[5, 12] = 30.0  # ties at the top-k cut
+        for codebook in (0, 15):
+            want = sampled_scores(logits, t, k, p, seed, counter, codebook)
+            got = sample_scores(logits, t, k, p, seed, counter, codebook)
+            assert torch.equal(torch.isinf(got), torch.isinf(want)), f"sample_scores v={v}: other cuts"
+            assert torch.equal(got[1], logits[1])
+            finite = ~torch.isinf(want)
+            close(f"sample_scores v={v} codebook {codebook}", got[finite], want[finite], 1e-5)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+    print("sample_scores: identical choices")
 
 
 def _stepper(model: Qwen3TTSModel, slots: int, kernels: bool) -> FrameStepper:
@@ -296,7 +299,7 @@ if __name__ == "__main__":
         cublas_cases()
         attention_cases()
         choose_commit_cases()
-        sampling_noise_cases()
+        sampling_cases()
     else:
         ckpt = str(build_tiny_checkpoint(sys.argv[1], "custom_voice"))
         if part == "one-row":

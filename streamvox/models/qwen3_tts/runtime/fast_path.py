@@ -126,7 +126,7 @@ class FrameStepper:
         self.seen = torch.zeros(slots, v, dtype=torch.bool, device=dev)
         self.penalty = torch.ones(slots, dtype=torch.float32, device=dev)
         self.unit_penalty = torch.ones(slots, dtype=torch.float32, device=dev)  # sampled scores carry theirs
-        self.sampling = SlotSampling(slots, dev, noise_kernel=kernels is not None)
+        self.sampling = SlotSampling(slots, dev, kernel=kernels is not None)
         # per-step inputs, written by the host (one async copy)
         self.active = torch.zeros(slots, dtype=torch.bool, device=dev)
         self.text_ids = torch.zeros(slots, dtype=torch.long, device=dev)
@@ -490,7 +490,7 @@ class FrameStepper:
             self._forward(rows, width, sampled)
         except Exception:  # a torch.compile or Triton failure: continue with plain torch layers
             log.exception("fused frame step failed; continuing with plain torch layers")
-            self.tstack.kernels = self.pstack.kernels = self.sampling.add_gumbel = None
+            self.tstack.kernels = self.pstack.kernels = self.sampling.kernel = None
             fns = compiled_fns(False)
             self.tstack.pre, self.tstack.post, self.tstack.rms = fns
             self.pstack.pre, self.pstack.post, self.pstack.rms = fns

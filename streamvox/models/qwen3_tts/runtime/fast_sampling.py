@@ -10,8 +10,9 @@ untouched: their argmax is exactly the greedy choice.
 The noise comes from a counter-based hash (splitmix64's mixer, in int64 tensor ops with wrapping products) of
 (row seed, the slot's codebook-0 count, codebook, vocabulary id): no torch.Generator, so a seeded request draws
 the same noise whatever else is batched with it. With the Triton decode kernels, one launch
-(`kernels/triton_sampling.py`) draws the noise and adds it, the same bits as the torch ops here. The eager path (`sampling.select`, the request's generator)
-draws from the same distributions but a different random stream: a seed gives different audio on the two paths.
+(`kernels/triton_sampling.py`) does the warp and the noise of a choice, as the torch ops here do. The eager path
+(`sampling.select`, the request's generator) draws from the same distributions but a different random stream: a
+seed gives different audio on the two paths.
 """
 
 from __future__ import annotations
@@ -78,21 +79,21 @@ def seed_bits(seed: int) -> int:
 
 class SlotSampling:
     """Each KV slot's sampling parameters on the device, for the talker's codebook-0 choice (`TALKER`) and the
-    code predictor's (`PREDICTOR`), and its seed. `noise_kernel` (with the Triton decode kernels): the noise in one
-    launch (`kernels/triton_sampling.add_gumbel`, `add_gumbel`) instead of `sampled_scores`'s torch ops.
-    (torch.compile of `sampled_scores` is not used: on the CPU, inductor's vectorised int64 code gave other bits
-    than eager.)"""
+    code predictor's (`PREDICTOR`), and its seed. `kernel` (with the Triton decode kernels): each choice in one
+    launch (`kernels/triton_sampling.sample_scores`, for vocabularies it holds) instead of `sampled_scores`'s torch
+    ops. (torch.compile of `sampled_scores` is not used: on the CPU, inductor's vectorised int64 code gave other
+    bits than eager.)"""
 
-    def __init__(self, slots: int, device: torch.device, noise_kernel: bool = False) -> None:
+    def __init__(self, slots: int, device: torch.device, kernel: bool = False) -> None:
         self.temperature = torch.zeros(2, slots, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(2, slots, dtype=torch.long, device=device)
         self.top_p = torch.ones(2, slots, dtype=torch.float32, device=device)
         self.seed = torch.zeros(slots, dtype=torch.long, device=device)
-        self.add_gumbel = None
-        if noise_kernel:
-            from streamvox.models.qwen3_tts.kernels.triton_sampling import add_gumbel
+        self.kernel, self.kernel_max_vocab = None, 0
+        if kernel:
+            from streamvox.models.qwen3_tts.kernels import triton_sampling
 
-            self.add_gumbel = add_gumbel
+            self.kernel, self.kernel_max_vocab = triton_sampling.sample_scores, triton_sampling.MAX_VOCAB
 
     def set_slot(self, slot: int, talker: SamplerSettings | None, predictor: SamplerSettings | None,
                  seed: int) -> None:
@@ -107,8 +108,6 @@ class SlotSampling:
     def scores(self, logits: torch.Tensor, rows: slice | torch.Tensor, stage: int, counter: torch.Tensor,
                codebook: int) -> torch.Tensor:
         """`sampled_scores` for slots `rows` of `stage`, whose logits `[R, V]` (float32) are given."""
-        t, seed = self.temperature[stage, rows], self.seed[rows]
-        if self.add_gumbel is None:
-            return sampled_scores(logits, t, self.top_k[stage, rows], self.top_p[stage, rows], seed, counter, codebook)
-        warped = warp(logits, t, self.top_k[stage, rows], self.top_p[stage, rows])
-        return self.add_gumbel(warped, logits, t, seed, counter, codebook)
+        fn = self.kernel if self.kernel is not None and logits.shape[-1] <= self.kernel_max_vocab else sampled_scores
+        return fn(logits, self.temperature[stage, rows], self.top_k[stage, rows], self.top_p[stage, rows],
+                  self.seed[rows], counter, codebook)
