@@ -154,7 +154,8 @@ def _speak(args: argparse.Namespace) -> int:
     """The server's limits hold here too, and every argument is checked before the speech is made."""
     import uvloop
 
-    fmt = args.format or (Path(args.output).suffix.lstrip(".") or "wav")
+    output = Path(args.output)
+    fmt = args.format or (output.suffix.lstrip(".") or "wav")
     if fmt not in FORMATS:
         raise SystemExit(f"streamvox: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if not args.text.strip():
@@ -163,7 +164,6 @@ def _speak(args: argparse.Namespace) -> int:
         raise SystemExit(f"streamvox: TEXT is longer than {MAX_INPUT_CHARS} characters")
     if not MIN_SAMPLE_RATE <= args.sample_rate <= MAX_SAMPLE_RATE:
         raise SystemExit(f"streamvox: --sample-rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}")
-    output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
         raise SystemExit(f"streamvox: cannot write {args.output}: " + (
             "it is a directory" if output.is_dir() else f"no directory {str(output.parent)!r}"))
