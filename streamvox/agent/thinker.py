@@ -1,7 +1,8 @@
 """The thinker: an LLM whose token stream is spoken as it is generated.
 
 Two implementations behind one interface, `Thinker.stream(messages, request_id)`, an async iterator of text
-deltas that stops (and frees the LLM's state for the request) when the consumer stops iterating:
+deltas that stops (and frees the LLM's state for the request) when the consumer stops iterating; its
+`on_finish` hears why the LLM stopped ("length": at the token limit):
 
 - `VLLMThinker`: vLLM's `AsyncLLM` in this process (its engine core runs in a process of its own), for
   `streamvox serve --llm DIR_OR_REPO`. vLLM is an optional extra (`pip install -e '.[llm]'`) and is imported
@@ -19,7 +20,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import httpx
@@ -42,7 +43,8 @@ class Thinker:
     async def start(self) -> None:
         pass
 
-    def stream(self, messages: list[dict], request_id: str, max_tokens: int | None = None) -> AsyncIterator[str]:
+    def stream(self, messages: list[dict], request_id: str, max_tokens: int | None = None,
+               on_finish: Callable[[str | None], None] | None = None) -> AsyncIterator[str]:
         raise NotImplementedError
 
     def count_tokens(self, text: str) -> int:
@@ -102,15 +104,15 @@ class VLLMThinker(VLLMStage, Thinker):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return chatml_prompt(messages)
 
-    async def stream(self, messages: list[dict], request_id: str,
-                     max_tokens: int | None = None) -> AsyncIterator[str]:
+    async def stream(self, messages: list[dict], request_id: str, max_tokens: int | None = None,
+                     on_finish: Callable[[str | None], None] | None = None) -> AsyncIterator[str]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         s = self.settings
         params = SamplingParams(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, top_p=TOP_P,
                                 seed=s.seed, output_kind=RequestOutputKind.DELTA)
-        async with aclosing(self.engine.deltas(self._prompt(messages), params, request_id)) as deltas:
+        async with aclosing(self.engine.deltas(self._prompt(messages), params, request_id, on_finish)) as deltas:
             async for delta in deltas:
                 yield delta
 
@@ -151,8 +153,8 @@ class OpenAIChatThinker(Thinker):
                 raise StageError(f"Could not list the models of {self.base_url}: {exc}. Pass --llm-model.",
                                    "thinker_unavailable") from exc
 
-    async def stream(self, messages: list[dict], request_id: str,
-                     max_tokens: int | None = None) -> AsyncIterator[str]:
+    async def stream(self, messages: list[dict], request_id: str, max_tokens: int | None = None,
+                     on_finish: Callable[[str | None], None] | None = None) -> AsyncIterator[str]:
         s = self.settings
         body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": max_tokens or s.max_tokens,
                 "temperature": s.temperature, "top_p": TOP_P}
@@ -180,6 +182,8 @@ class OpenAIChatThinker(Thinker):
                     for choice in chunk.get("choices") or []:
                         if delta := (choice.get("delta") or {}).get("content"):
                             yield delta
+                        if choice.get("finish_reason") and on_finish is not None:
+                            on_finish(choice["finish_reason"])
         except httpx.HTTPError as exc:
             raise StageError(f"The LLM endpoint {self.base_url} failed: {exc!r}", "thinker_unavailable") from exc
         finally:

@@ -19,6 +19,7 @@ from streamvox.agent.errors import StageError
 from streamvox.agent.vad import SileroModel, SileroVad, VadEvent, VadSettings, hear
 
 log = logging.getLogger(__name__)
+_SLICE_S = 1.0  # the most input audio the VAD hears between two turns of the event loop
 
 
 class TurnState:
@@ -60,13 +61,20 @@ class TurnState:
             await asyncio.to_thread(SileroModel.shared)
         while self.unheard:
             segments, self.unheard = self.unheard, []
-            for epoch, event in hear(segments):
-                if epoch != self.epoch:
-                    continue  # heard in audio that was cleared since
-                try:
-                    await on_event(event)
-                except Exception:  # a bug must not stop the session's VAD
-                    log.exception("handling a VAD event failed")
+            for epoch, vad, samples in segments:
+                # A long append is heard a slice at a time, the loop free between slices: a minute of audio is
+                # about 0.3 s of CPU, which every other session would wait for.
+                step = max(1, round(vad.sample_rate * _SLICE_S))
+                for start in range(0, len(samples), step):
+                    if start:
+                        await asyncio.sleep(0)
+                    for heard, event in hear([(epoch, vad, samples[start : start + step])]):
+                        if heard != self.epoch:
+                            continue  # heard in audio that was cleared since
+                        try:
+                            await on_event(event)
+                        except Exception:  # a bug must not stop the session's VAD
+                            log.exception("handling a VAD event failed")
 
     def forget_speech(self) -> None:
         """The input buffer was cleared: the speech being heard is not a turn any more."""
@@ -103,4 +111,5 @@ class ThinkerReply:
     input_items: list[dict] | None = None  # the response's own input; None: the conversation
     report: dict = field(default_factory=dict)  # sent as the response's "streamvox": timings_ms, thinker state
     error: StageError | None = None  # the thinker failed
+    finish_reason: str | None = None  # why the LLM stopped ("length": at max_output_tokens)
     task: asyncio.Task | None = None  # a text-only reply's thinker stream, cancelled with the response

@@ -7,7 +7,7 @@ metrics read and the shutdown.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 
@@ -18,8 +18,10 @@ class VLLMEngine:
         self.llm = llm
         self._active: set[str] = set()
 
-    async def deltas(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[str]:
-        """The request's text deltas (`params` asks for `RequestOutputKind.DELTA`)."""
+    async def deltas(self, prompt: Any, params: Any, request_id: str,
+                     on_finish: Callable[[str | None], None] | None = None) -> AsyncIterator[str]:
+        """The request's text deltas (`params` asks for `RequestOutputKind.DELTA`); `on_finish` gets why it ended
+        ("stop", "length", ...) once it has."""
         self._active.add(request_id)
         finished = False
         try:
@@ -27,6 +29,8 @@ class VLLMEngine:
                 if output.outputs and output.outputs[0].text:
                     yield output.outputs[0].text
                 finished = output.finished
+                if finished and on_finish is not None:
+                    on_finish(output.outputs[0].finish_reason if output.outputs else None)
         finally:
             self._active.discard(request_id)
             if not finished:

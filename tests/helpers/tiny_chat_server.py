@@ -38,14 +38,18 @@ class Generator:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
         self.name = model_dir.rstrip("/").rsplit("/", 1)[-1]
         self.token_delay_s = token_delay_s
-        self.stats = {"running": 0, "started": 0, "finished": 0, "aborted": 0, "last_messages": None}
+        self.stats = {"running": 0, "started": 0, "finished": 0, "aborted": 0, "last_messages": None,
+                      "last_finish_reason": None}
         self.lock = threading.Lock()
 
-    def run(self, prompt: str, max_tokens: int, temperature: float, seed: int | None, emit, stop: threading.Event):
+    def run(self, prompt: str, max_tokens: int, temperature: float, seed: int | None, emit,
+            stop: threading.Event) -> str | None:
+        """Why it ended, as OpenAI's `finish_reason`: "stop" (end of turn) or "length" (`max_tokens`); None if
+        aborted."""
         with self.lock:
             self.stats["running"] += 1
             self.stats["started"] += 1
-        outcome = "finished"
+        outcome, reason = "finished", "length"
         try:
             generator = torch.Generator().manual_seed(seed if seed is not None else 0)
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids
@@ -54,8 +58,8 @@ class Generator:
             with torch.no_grad():
                 for _ in range(max_tokens):
                     if stop.is_set():
-                        outcome = "aborted"
-                        return
+                        outcome, reason = "aborted", None
+                        return None
                     out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
                     past = out.past_key_values
                     logits = out.logits[0, -1].float()
@@ -65,6 +69,7 @@ class Generator:
                     else:
                         token = int(torch.argmax(logits))
                     if token == eos:
+                        reason = "stop"
                         break
                     produced.append(token)
                     ids = torch.tensor([[token]])  # the next step's input, whether or not text comes out now
@@ -79,6 +84,8 @@ class Generator:
             with self.lock:
                 self.stats["running"] -= 1
                 self.stats[outcome] += 1
+                self.stats["last_finish_reason"] = reason
+        return reason
 
 
 def build_app(generator: Generator) -> Starlette:
@@ -102,9 +109,12 @@ def build_app(generator: Generator) -> Starlette:
         def emit(delta: str) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, delta)
 
+        ended: list[str | None] = [None]
+
         def work() -> None:
             try:
-                generator.run(prompt, max_tokens, float(body.get("temperature", 1.0)), body.get("seed"), emit, stop)
+                ended[0] = generator.run(prompt, max_tokens, float(body.get("temperature", 1.0)), body.get("seed"),
+                                         emit, stop)
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
@@ -121,7 +131,7 @@ def build_app(generator: Generator) -> Starlette:
                 yield chunk({"role": "assistant", "content": ""})
                 while (delta := await queue.get()) is not None:
                     yield chunk({"content": delta})
-                yield chunk({}, "stop")
+                yield chunk({}, ended[0] or "stop")
                 yield "data: [DONE]\n\n"
             finally:
                 stop.set()  # the client went away (or we finished): stop generating

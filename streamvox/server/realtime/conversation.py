@@ -136,7 +136,8 @@ class Conversation:
 
     def input_items(self, value: object, resolve: bool = True) -> list[dict] | None:
         """`response.input` -> its items, validated. Item references are looked up now, or with `resolve=False`
-        left for `resolve` (when the response runs); None when the response has no input of its own."""
+        checked now and left for `resolve` (when the response runs, with the items' content then); None when the
+        response has no input of its own."""
         if value is None:
             return None
         if not isinstance(value, list):
@@ -145,15 +146,21 @@ class Conversation:
         for i, entry in enumerate(value):
             if not _is_reference(entry):
                 entry = validate_item(entry, f"response.input[{i}]")
-            elif resolve:
-                entry = self.get(entry.get("id"), f"response.input[{i}].id")
+            else:
+                found = self.get(entry.get("id"), f"response.input[{i}].id")
+                entry = found if resolve else entry
             items.append(entry)
         return items
 
     def resolve(self, items: list[dict]) -> list[dict]:
-        """`input_items(..., resolve=False)` with its item references looked up."""
-        return [self.get(entry.get("id"), f"response.input[{i}].id") if _is_reference(entry) else entry
-                for i, entry in enumerate(items)]
+        """`input_items(..., resolve=False)` with its item references looked up (those deleted since are left out)."""
+        out = []
+        for entry in items:
+            if not _is_reference(entry):
+                out.append(entry)
+            elif (index := self.index(entry["id"])) is not None:
+                out.append(self.items[index])
+        return out
 
 
 def _is_reference(entry: object) -> bool:

@@ -191,27 +191,32 @@ class RealtimeSession:
         await self.state.send("conversation.item.deleted", item_id=item_id)
 
     async def item_truncate(self, event: dict) -> None:
+        """Checked before a running response of the item is stopped: a refused truncate changes nothing."""
         s = self.state
         item = s.conversation.get(event.get("item_id"))
-        running = self.responses.current
-        if running is not None and running.item_id == item["id"]:  # a barge-in on what is still being spoken
-            await self.responses.stop("client_cancelled")
-            item = s.conversation.get(item["id"])  # now holding what was sent
         content_index, audio_end_ms = event.get("content_index", 0), event.get("audio_end_ms")
         if item.get("role") != "assistant":
             raise APIError(400, "Only assistant messages can be truncated.", param="item_id")
-        if isinstance(content_index, bool) or not isinstance(content_index, int) \
-                or not 0 <= content_index < len(item["content"]) \
-                or item["content"][content_index].get("type") not in ("output_audio", "audio"):
+        if isinstance(content_index, bool) or not isinstance(content_index, int) or content_index < 0:
             raise APIError(400, "'content_index' must point at an audio content part.", param="content_index")
         if isinstance(audio_end_ms, bool) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
             raise APIError(400, "'audio_end_ms' must be a non-negative integer.", param="audio_end_ms",
                            code="missing_required_parameter" if audio_end_ms is None else "invalid_value")
+        running = self.responses.current
+        if running is not None and running.item_id == item["id"]:  # a barge-in on what is still being spoken
+            if not running.audio or content_index != 0:
+                raise APIError(400, "'content_index' must point at an audio content part.", param="content_index")
+            _check_audio_end(audio_end_ms, s.conversation.audio_ms.get(item["id"], 0))  # (sent so far)
+            await self.responses.stop("client_cancelled")
+            item = s.conversation.get(item["id"])  # now holding what was sent
+        if not content_index < len(item["content"]) \
+                or item["content"][content_index].get("type") not in ("output_audio", "audio"):
+            raise APIError(400, "'content_index' must point at an audio content part.", param="content_index")
         available = s.conversation.audio_ms.get(item["id"], 0)
-        if audio_end_ms > available:
-            raise APIError(400, f"The item holds {available} ms of audio, less than audio_end_ms={audio_end_ms}.",
-                           param="audio_end_ms")
+        _check_audio_end(audio_end_ms, available)
         s.conversation.audio_ms[item["id"]] = audio_end_ms
+        if (latest := self.responses.latest) is not None and latest.item_id == item["id"]:
+            latest.cut_ms = audio_end_ms
         part = item["content"][content_index]  # upstream drops its transcript; word timings keep the words heard
         part["transcript"] = heard_transcript(s.conversation, item["id"], part.get("transcript") or "", audio_end_ms,
                                               available)
@@ -248,3 +253,9 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     session = RealtimeSession(websocket, app.engine, app.metrics, dialect, app.responder,
                               app.settings.env.realtime_idle_timeout_s)
     await session.state.sender.serve(session.run())
+
+
+def _check_audio_end(audio_end_ms: int, available: int) -> None:
+    if audio_end_ms > available:
+        raise APIError(400, f"The item holds {available} ms of audio, less than audio_end_ms={audio_end_ms}.",
+                       param="audio_end_ms")

@@ -93,6 +93,7 @@ class Response:
     done_sent: bool = False
     audio_ms: int = 0  # audio sent so far
     audio_started_at: float | None = None  # when its first audio was sent (monotonic)
+    cut_ms: int | None = None  # where a barge-in or the client's truncate cut it: the user heard no more
 
     def played_ms(self, now: float) -> int:
         """The most of its audio the client can have played by `now`: it plays in real time from the first
@@ -136,7 +137,7 @@ async def send_audio(s: SessionState, r: Response, ids: dict, out: AudioOut,
                 r.audio_started_at = time.monotonic()
             audio_bytes += len(data)
             r.audio_ms = audio_bytes * 1000 // fmt.bytes_per_second
-            if r.in_conversation:
+            if r.in_conversation and s.conversation.index(r.item_id) is not None:  # (not deleted meanwhile)
                 s.conversation.audio_ms[r.item_id] = r.audio_ms
             if first and on_first_audio is not None:
                 await on_first_audio()
@@ -349,7 +350,7 @@ class Responses:
         await s.send("response.content_part.done", **ids, part=part)
         item = {**item, "status": "completed" if outcome.status == "completed" else "incomplete", "content": [content]}
         await s.send("response.output_item.done", response_id=r.id, output_index=0, item=item)
-        if r.in_conversation:
+        if r.in_conversation and s.conversation.index(r.item_id) is not None:  # (the client may have deleted it)
             s.conversation.replace(dict(item, content=[dict(content)]))
             if s.dialect is Dialect.GA:
                 await s.send("conversation.item.done", previous_item_id=previous, item=item)

@@ -133,7 +133,8 @@ class ThinkerReplies:
         state = reply.report["thinker"] = {"request_id": request_id, "deltas": 0, "state": "running",
                                            "max_tokens": max_tokens}
         try:
-            async with aclosing(self.thinker.stream(messages, request_id, max_tokens)) as deltas:
+            async with aclosing(self.thinker.stream(messages, request_id, max_tokens,
+                                                    lambda reason: setattr(reply, "finish_reason", reason))) as deltas:
                 async for delta in deltas:
                     if not spoken:
                         timings["thinker_first_token"] = _ms(t0)
@@ -197,8 +198,7 @@ class ThinkerReplies:
                 finally:
                     await _stop_pump(pump)  # a no-op when the thinker already finished
             status, details = audio_status(r, out.result)
-        if r.thinker.error is not None:
-            status, details = "failed", failed(r.thinker.error)
+        status, details = _thinker_status(r, status, details)
         transcript = "".join(spoken).strip()
         if by_word is not None:  # what was spoken, word by word
             transcript = await by_word.finish(status == "completed")
@@ -227,9 +227,17 @@ class ThinkerReplies:
             finally:
                 await _stop_pump(pump)
         details = cancelled(r.cancel_reason) if status == "cancelled" else None
-        if r.thinker.error is not None:
-            status, details = "failed", failed(r.thinker.error)
+        status, details = _thinker_status(r, status, details)
         return Outcome(status, details, usage(input_text=n_in, output_text=len(spoken)), "".join(spoken).strip())
+
+
+def _thinker_status(r: Response, status: str, details: dict | None) -> tuple[str, dict | None]:
+    """A thinker reply's status: failed with the thinker, incomplete when the LLM stopped at the token limit."""
+    if r.thinker.error is not None:
+        return "failed", failed(r.thinker.error)
+    if status == "completed" and r.thinker.finish_reason == "length":
+        return "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+    return status, details
 
 
 def _decode_input(data: bytes, fmt: AudioFormat) -> np.ndarray:
@@ -355,7 +363,7 @@ class AudioTurns:
         stop), and its reply is cut at what the user can have heard by `heard_at`. Audio is made faster than
         real time, so a reply whose generation ended long ago may still be playing: it is cut too, as upstream's
         server does with the output audio buffer it plays (docs/realtime.md). A reply played to its end is left
-        alone."""
+        alone, and so is one cut already (the client stopped playing it then)."""
         s, response = self.session, self.responses.latest
         if response is None:
             return
@@ -363,8 +371,10 @@ class AudioTurns:
         running = self.responses.current is response
         if running:
             await self.responses.stop("turn_detected")
-        if not response.in_conversation or not response.audio or (not running and played_ms >= response.audio_ms):
+        if not response.in_conversation or not response.audio or response.cut_ms is not None \
+                or (not running and played_ms >= response.audio_ms):
             return
+        response.cut_ms = played_ms
         index = s.conversation.index(response.item_id)
         content = s.conversation.items[index].get("content") if index is not None else None
         if not content:  # the client deleted the item, or the response ended before its content

@@ -505,6 +505,29 @@ def test_truncating_the_item_being_spoken_stops_its_response(espeak_server):
     assert len(audio_of(events)) / 48000 < estimate_duration(LONG_TEXT) / 2
 
 
+@pytest.mark.parametrize("audio_end_ms", [-1, 3_600_000])
+def test_a_refused_truncate_of_the_item_being_spoken_leaves_its_response_running(espeak_server, audio_end_ms):
+    """A truncate that is refused (a negative length, or more audio than has been sent) changes nothing: the
+    response runs on to its end."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "response.create", "response": {"instructions": TEXT}})
+        events = []
+        while not events or events[-1]["type"] not in DELTA_TYPES:
+            events.append(await client.recv())
+        await client.send({"type": "conversation.item.truncate", "item_id": events[-1]["item_id"],
+                           "content_index": 0, "audio_end_ms": audio_end_ms})
+        events += await client.until("response.done")
+        await client.close()
+        return events
+
+    events = asyncio.run(run())
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert [e["param"] for e in errors] == ["audio_end_ms"], errors
+    assert events[-1]["response"]["status"] == "completed"
+    assert "conversation.item.truncated" not in [e["type"] for e in events]
+
+
 def test_32_concurrent_sessions_are_isolated(espeak_server):
     voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
               "en-gb-x-rp"]

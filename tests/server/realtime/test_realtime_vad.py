@@ -237,6 +237,38 @@ def test_barge_in_cuts_a_reply_that_is_still_playing(server):
     asyncio.run(run())
 
 
+def test_a_reply_cut_by_a_barge_in_is_not_cut_again_later(server):
+    """The client stops playing a reply at the barge-in. When no new reply follows (the interruption's transcript
+    is empty), a later speech start leaves the cut where it was: cut again later, the transcript would grow back
+    to words the user never heard."""
+    silence = np.zeros(RATE, np.int16)
+    question, interruption = server.speech("Tell me a story."), server.speech("Wait, stop.")
+    story = "Once upon a time, a small boat sailed along the coast for many days and nights. " * 3
+
+    async def run():
+        server.transcriber.script = [story, "", ""]
+        client = await vad_session(server)
+        await append(client, as_pcm16(np.concatenate([silence, question, silence])))
+        item_id = (await client.until("response.done"))[-1]["response"]["output"][0]["id"]
+        await asyncio.sleep(1.0)
+        await append(client, as_pcm16(np.concatenate([interruption, silence])))
+        first = [e for e in await client.until("input_audio_buffer.speech_stopped")
+                 if e["type"] == "conversation.item.truncated"]
+        await asyncio.sleep(1.0)
+        await append(client, as_pcm16(np.concatenate([interruption, silence])))
+        second = await client.until("input_audio_buffer.speech_stopped")
+        later = await nothing_more(client)
+        await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await client.until("conversation.item.retrieved"))[-1]["item"]
+        await client.close()
+        return first, second, later, item
+
+    first, second, later, item = asyncio.run(run())
+    assert len(first) == 1 and first[0]["item_id"] == item["id"]
+    assert "conversation.item.truncated" not in [e["type"] for e in second] + later
+    assert item["content"][0]["transcript"] == ""
+
+
 def test_barge_in_stops_a_reply_being_generated_and_a_played_reply_is_left_alone(server):
     silence = np.zeros(RATE, np.int16)
     interruption = server.speech("Wait, stop.")
