@@ -528,6 +528,30 @@ def test_a_refused_truncate_of_the_item_being_spoken_leaves_its_response_running
     assert "conversation.item.truncated" not in [e["type"] for e in events]
 
 
+def test_deleting_the_item_being_spoken_leaves_it_deleted(espeak_server):
+    """The running reply's item deleted: the reply may run on, but the item stays out of the conversation and
+    gets no conversation.item.done after its conversation.item.deleted."""
+    async def run():
+        client = await RealtimeClient.connect(espeak_server)
+        await client.send({"type": "response.create", "response": {"instructions": TEXT}})
+        events = []
+        while not events or events[-1]["type"] not in DELTA_TYPES:
+            events.append(await client.recv())
+        item_id = events[-1]["item_id"]
+        await client.send({"type": "conversation.item.delete", "item_id": item_id})
+        events += await client.until("response.done")
+        await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        events += await client.until("error")  # (and whatever came before it)
+        await client.close()
+        return item_id, events
+
+    item_id, events = asyncio.run(run())
+    names = [e["type"] for e in events if e.get("item_id") == item_id or e.get("item", {}).get("id") == item_id]
+    assert "conversation.item.deleted" in names
+    assert "conversation.item.done" not in names[names.index("conversation.item.deleted"):]
+    assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "item_not_found"
+
+
 def test_32_concurrent_sessions_are_isolated(espeak_server):
     voices = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
               "en-gb-x-rp"]
