@@ -88,6 +88,14 @@ class WordTimings(msgspec.Struct, frozen=True):
                            [c + chars for c in self.char_start], [c + chars for c in self.char_end])
 
     @staticmethod
+    def silent(spans: list[tuple[int, int]], text: str, at: float) -> WordTimings:
+        """The words at `spans` (character offsets) of `text`, taking no time at `at` seconds: words nothing
+        speaks (no letter or digit), timed where they stand."""
+        n = len(spans)
+        return WordTimings([text[a:b] for a, b in spans], [at] * n, [at] * n, [a for a, _ in spans],
+                           [b for _, b in spans])
+
+    @staticmethod
     def join(parts: list[WordTimings]) -> WordTimings:
         """Every word of `parts`, in order."""
         if len(parts) == 1:

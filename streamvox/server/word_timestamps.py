@@ -9,10 +9,12 @@ aligner: timings are never guessed.
 from __future__ import annotations
 
 import bisect
+import re
 
 from streamvox.contract import ModelInfo, WordTimings
 from streamvox.server.errors import APIError
 
+_WORD = re.compile(r"\S+")
 ALIGNER_FLAG = "--aligner pocketsphinx (English, CPU) or --aligner DIR_OR_REPO (Qwen3-ForcedAligner-0.6B)"
 
 
@@ -34,7 +36,9 @@ class UtteranceTimings:
     """Places the timings of an utterance's engine requests (spoken one after another) in the utterance.
 
     Each request's timings count seconds from its own first sample and characters in its own text;
-    the utterance's count from its first sample and in its whole text (`add_text`).
+    the utterance's count from its first sample and in its whole text (`add_text`). Split into pieces, the
+    text's pieces with no letter or digit are spoken by no request: their words take no time where they stand
+    (`start_request`, `rest`).
     """
 
     def __init__(self, sample_rate: int) -> None:
@@ -48,15 +52,33 @@ class UtteranceTimings:
     def add_text(self, text: str) -> None:
         self.text += text
 
-    def start_request(self, text: str | None = None) -> None:
-        """A request starts speaking; `text`: its text, verbatim in the utterance's (None: all of it)."""
+    def start_request(self, text: str | None = None) -> WordTimings | None:
+        """A request starts speaking; `text`: its text, verbatim in the utterance's (None: all of it). The words
+        before it that no request speaks, if any, timed (and kept for `whole()`)."""
+        skipped = None
         if text is None:
             chars = 0
         else:
             found = self.text.find(text, self._cursor)
             chars = found if found >= 0 else self._cursor
+            skipped = self._unspoken(chars)
             self._cursor = chars + len(text)
         self._request_start = (self.samples, chars)
+        return skipped
+
+    def rest(self) -> WordTimings | None:
+        """Once the text is complete: the words after the last request's, which no request speaks, timed."""
+        return self._unspoken(len(self.text))
+
+    def _unspoken(self, end: int) -> WordTimings | None:
+        start = self._cursor
+        spans = [(start + m.start(), start + m.end()) for m in _WORD.finditer(self.text[start:end])]
+        self._cursor = end
+        if not spans:
+            return None
+        timings = WordTimings.silent(spans, self.text, self.samples / self.rate)
+        self.parts.append(timings)
+        return timings
 
     def audio(self, samples: int) -> None:
         self.samples += samples

@@ -27,6 +27,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from streamvox.agent.history import truncate_history
+from tests.helpers.realtime_clients import answered
 from tests.helpers.server import Server, free_port
 from tests.helpers.tiny_models import build_tiny_qwen3, build_tiny_whisper
 
@@ -116,14 +117,6 @@ async def events_until(conn, event_type: str, timeout: float = 120.0, on_event=N
 
 def types(events: list) -> list[str]:
     return [e["type"] for e in events]
-
-
-def answered(response: dict) -> bool:
-    """The reply ran to its end: the LLM's end of turn (completed), or its token limit (incomplete, as upstream
-    says; a random tiny LLM seldom ends a turn by itself)."""
-    details = response["status_details"] or {}
-    return response["status"] == "completed" or (response["status"], details.get("type"), details.get("reason")) \
-        == ("incomplete", "incomplete", "max_output_tokens")
 
 
 def check_response_flow(events: list) -> dict:

@@ -73,3 +73,11 @@ class RealtimeClient:
 
 def audio_of(events: list[dict]) -> bytes:
     return b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] in DELTA_TYPES)
+
+
+def answered(response: dict) -> bool:
+    """The reply ran to its end: the LLM's end of turn (completed), or its token limit (incomplete, as upstream
+    says; a random tiny LLM seldom ends a turn by itself)."""
+    details = response["status_details"] or {}
+    return response["status"] == "completed" or (response["status"], details.get("type"), details.get("reason")) \
+        == ("incomplete", "incomplete", "max_output_tokens")

@@ -184,6 +184,30 @@ def test_speech_stream_sends_timestamps_per_utterance_and_the_whole_alignment_on
     assert [u[3]["timestamps"] for u in results["none"]] == [u[3]["timestamps"] for u in results["sentence"]]
 
 
+@pytest.mark.parametrize("split", ["none", "sentence", "clause"])
+def test_speech_stream_times_the_words_of_pieces_nothing_speaks(espeak_server, split):
+    """Pieces with no letter or digit (split off and spoken by no request) keep their words in the timings, with
+    no length, in place; the trailing one too."""
+    text = "Hello. ??? World! 😀 ok. ..."
+
+    async def run() -> tuple:
+        async with websockets.connect(f"{espeak_server.ws_url}/v1/audio/speech/stream") as ws:
+            client = _Stream(ws)
+            await client.send(type="session.config", sample_rate=RATE, word_timestamps=True, text_split=split)
+            for piece in re.findall(r"\S+\s*", text):
+                await client.send(type="input.text", text=piece)
+            await client.send(type="input.done")
+            return await client.utterance()
+
+    _, duration, events, done = asyncio.run(run())
+    whole = done["timestamps"]
+    assert {key: [v for e in events for v in e[key]] for key in whole} == whole
+    _check(whole, text, duration)
+    for word, start, end in zip(whole["words"], whole["start"], whole["end"], strict=True):
+        if word in ("???", "..."):
+            assert start == end
+
+
 def test_speech_stream_refuses_a_bad_word_timestamps_config(espeak_server):
     async def run():
         async with websockets.connect(f"{espeak_server.ws_url}/v1/audio/speech/stream") as ws:

@@ -30,7 +30,7 @@ import numpy as np
 
 from streamvox.contract import WordTimings
 from streamvox.models.espeak.library import MAX_WPM, MIN_WPM, EspeakLibrary, SynthEvent
-from streamvox.models.espeak.word_timing import ClauseWords, InputWords, last_sound, silent_timings
+from streamvox.models.espeak.word_timing import ClauseWords, InputWords, last_sound
 from streamvox.text_split import TextSplitter
 
 _MAX_CLAUSE_WORDS = 24
@@ -154,7 +154,7 @@ class _ClauseTimer:
         self.sound_end = self.samples
         skipped, spans = self.input.spans(clause)
         self._clause = ClauseWords(clause, spans, self.input.text, self.samples, self.rate)
-        return silent_timings(skipped, self.input.text, round(self.samples / self.rate, 4)) if skipped else None
+        return WordTimings.silent(skipped, self.input.text, round(self.samples / self.rate, 4)) if skipped else None
 
     def heard(self, samples: np.ndarray) -> WordTimings | None:
         """After a buffer of the clause: the timings its events complete, if any."""
@@ -176,7 +176,7 @@ class _ClauseTimer:
     def end_input(self) -> WordTimings | None:
         """The timings of the words after the last clause's, if any (the input is complete)."""
         if skipped := self.input.rest():
-            return silent_timings(skipped, self.input.text, self.words_end)
+            return WordTimings.silent(skipped, self.input.text, self.words_end)
         return None
 
     def _sent(self, timings: WordTimings | None) -> WordTimings | None:

@@ -54,19 +54,41 @@ class InputWords:
         self.text += text
 
     def spans(self, clause: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """(the input's words before the clause's that no clause holds, the clause's words), as spans."""
-        skipped: list[tuple[int, int]] = []
-        spans = []
-        for match in _WORD.finditer(clause):
-            word = match.group()
-            start = self.text.find(word, self._cursor)
-            if start < 0:  # cannot happen with the splitter's clauses; keep the order regardless
-                start = self._cursor
-            if not spans:
-                skipped = self._words(self._cursor, start)
-            self._cursor = start + len(word)
-            spans.append((start, self._cursor))
+        """(the input's words before the clause's that no clause holds, the clause's words), as spans.
+
+        The clause is where its words follow each other with only whitespace between: its first word alone
+        may also be a word of a dropped piece before it ("😀 ???" before "😀 go.")."""
+        words = [match.group() for match in _WORD.finditer(clause)]
+        if not words:
+            return [], []
+        at = self._cursor
+        while (start := self.text.find(words[0], at)) >= 0:
+            if (spans := self._following(start, words)) is not None:
+                break
+            at = start + 1
+        else:  # cannot happen with the splitter's clauses; keep the order regardless
+            start, spans = self._cursor, []
+            for word in words:
+                found = self.text.find(word, start)
+                start = found if found >= 0 else start
+                spans.append((start, start + len(word)))
+                start += len(word)
+            start = spans[0][0]
+        skipped = self._words(self._cursor, start)
+        self._cursor = spans[-1][1]
         return skipped, spans
+
+    def _following(self, start: int, words: list[str]) -> list[tuple[int, int]] | None:
+        """The spans of `words` from `start` on, each after only whitespace; None where they are not so."""
+        spans, at = [], start
+        for word in words:
+            while at < len(self.text) and self.text[at].isspace() and spans:
+                at += 1
+            if not self.text.startswith(word, at):
+                return None
+            spans.append((at, at + len(word)))
+            at += len(word)
+        return spans
 
     def rest(self) -> list[tuple[int, int]]:
         """The words after the last clause's (once the input is complete: those no clause holds)."""
@@ -76,11 +98,6 @@ class InputWords:
 
     def _words(self, start: int, end: int) -> list[tuple[int, int]]:
         return [(start + m.start(), start + m.end()) for m in _WORD.finditer(self.text[start:end])]
-
-
-def silent_timings(spans: list[tuple[int, int]], input_text: str, at: float) -> WordTimings:
-    """Timings of words that take no time, all at `at` seconds."""
-    return _timings(spans, input_text, [at] * len(spans), [at] * len(spans))
 
 
 def _timings(spans: list[tuple[int, int]], input_text: str, start: list[float], end: list[float]) -> WordTimings:

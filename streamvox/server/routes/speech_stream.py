@@ -136,9 +136,16 @@ class SpeechStreamSession:
     async def run(self) -> None:
         self.metrics.sessions.inc()
         worker = asyncio.create_task(self._worker())
-        watchdog = asyncio.create_task(close_when_idle(
-            self.sender, self.idle_timeout_s, self._idle_since,
-            lambda error: self.send_error(error.message, error.code, error.param)))
+
+        async def before_idle_close(error: APIError) -> None:
+            """The error, then every utterance's audio.done (cancelled): each gets its done, as always."""
+            await self.send_error(error.message, error.code, error.param)
+            await self.input_cancel({})
+            self.queue.put_nowait(None)
+            await worker
+
+        watchdog = asyncio.create_task(close_when_idle(self.sender, self.idle_timeout_s, self._idle_since,
+                                                       before_idle_close))
         try:
             while not self.sender.closed:
                 message = await self.websocket.receive()
@@ -289,8 +296,9 @@ class SpeechStreamSession:
                     return "cancelled"
                 if not complete:
                     self._catch_up(u)
-                if timed is not None:
-                    timed.start_request(text if u.config.split != "none" else None)
+                if timed is not None and (skipped := timed.start_request(
+                        text if u.config.split != "none" else None)) is not None:
+                    await self._send_timings(u, skipped)
                 async with aclosing(out.stream() if timed is not None else out.deltas()) as deltas:
                     async for pcm in deltas:
                         if u.cancelled or self.sender.closed:
@@ -330,10 +338,15 @@ class SpeechStreamSession:
                         if reason != "stop":
                             break
                     if final:
+                        if reason == "stop" and timed is not None and (rest := timed.rest()) is not None:
+                            await self._send_timings(u, rest)
                         break
                 if u.cancelled:
                     reason = "cancelled"
-        finally:  # also when the session's teardown cancels this task
+        except asyncio.CancelledError:  # the session's teardown (the client left)
+            reason = "cancelled"
+            raise
+        finally:
             reason = "error" if self.sender.stalled else reason
             stats.end("ok" if reason in ("stop", "length") else reason, template.sample_rate)
         done = {"type": "audio.done", "utterance_index": u.index, "total_bytes": total, "reason": reason}

@@ -170,6 +170,14 @@ def test_words_in_no_clause_take_no_time_where_they_stand(runner, text):
             assert start == end
 
 
+@pytest.mark.parametrize("text", ["Stop! 😀 ??? 😀 go.", "Well, ??? — \n — fine."])
+def test_a_clause_is_found_after_a_dropped_piece_that_holds_its_first_word(runner, text):
+    """A piece with no letter or digit ("😀 ???") is not spoken; the next clause ("😀 go.") starts with one of its
+    words. Its words are timed where they stand, and the dropped piece's too."""
+    timings = _checked(_speak(runner, text, word_timestamps=True), text, runner.info.sample_rate)
+    assert timings.start[1] == timings.end[1]  # the dropped piece's first word takes no time
+
+
 def test_words_are_sent_while_their_clause_is_spoken(runner):
     """Not at the clause's end: a request stopped mid-clause keeps the timings of the words it spoke."""
     text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"

@@ -625,6 +625,17 @@ def test_idle_sessions_are_closed():
                 assert json.loads(await asyncio.wait_for(ws.recv(), 5))["code"] == "idle_timeout"
                 with pytest.raises(websockets.ConnectionClosedOK):
                     await asyncio.wait_for(ws.recv(), 5)
+            async with websockets.connect(f"{server.ws_url}/v1/audio/speech/stream") as ws:
+                await ws.send(json.dumps({"type": "input.text", "text": "Hello, and then"}))  # never ended
+                events = []
+                with pytest.raises(websockets.ConnectionClosedOK):
+                    while True:
+                        message = await asyncio.wait_for(ws.recv(), 5)
+                        if isinstance(message, str):
+                            events.append(json.loads(message))
+            # the open utterance still gets its done (every audio.start has one), cancelled, before the close
+            assert [e["type"] for e in events] == ["audio.start", "error", "audio.done"], events
+            assert events[1]["code"] == "idle_timeout" and events[2]["reason"] == "cancelled"
 
         asyncio.run(run())
     finally:
@@ -649,6 +660,34 @@ def test_abrupt_disconnects_free_engine_requests_and_sessions(espeak_server):
             await asyncio.sleep(0.05)
         assert espeak_server.metric("streamvox_active_requests") == 0
         assert espeak_server.metric("streamvox_websocket_sessions") == 0
+
+    asyncio.run(run())
+
+
+def test_a_split_utterance_whose_client_leaves_counts_as_cancelled(espeak_server):
+    """With text_split, an utterance ended by the client's disconnect is a cancelled request in the metrics,
+    not an ok one, as without it."""
+    name = 'streamvox_requests_total{route="speech_stream",status="%s"}'
+
+    def count(status: str) -> float:
+        try:
+            return espeak_server.metric(name % status)
+        except KeyError:
+            return 0.0
+
+    async def run():
+        before = count("cancelled"), count("ok")
+        stream = await websockets.connect(f"{espeak_server.ws_url}/v1/audio/speech/stream")
+        await stream.send(json.dumps({"type": "session.config", "text_split": "sentence"}))
+        await stream.send(json.dumps({"type": "input.text", "text": LONG_TEXT}))  # input left open
+        assert json.loads(await asyncio.wait_for(stream.recv(), 20))["type"] == "audio.start"
+        await stream.recv()  # its first audio
+        stream.transport.abort()
+        for _ in range(200):  # the utterance is counted as its task ends, after the session's teardown
+            if count("cancelled") > before[0] or count("ok") > before[1]:
+                break
+            await asyncio.sleep(0.05)
+        assert (count("cancelled"), count("ok")) == (before[0] + 1, before[1])
 
     asyncio.run(run())
 
