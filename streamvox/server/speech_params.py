@@ -23,6 +23,7 @@ from streamvox.settings import MediaPolicy
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
+MAX_REF_TEXT_CHARS = 2048  # a reference clip's transcript (of at most 60 s), here and on voice uploads
 MAX_REF_AUDIO_SECONDS = 60.0
 MAX_DECODED_SAMPLES = int(MAX_REF_AUDIO_SECONDS * 192_000 * 2)  # 60 s of 192 kHz stereo: 92 MB as float32
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
@@ -130,6 +131,17 @@ def decode_audio_file(raw: bytes, param: str) -> tuple[np.ndarray, int]:
     return pcm, int(rate)
 
 
+def _named(value: object, names: list[str]) -> str | None:
+    """`value` as one of `names`: the same name, else the one name that differs only in case ("English",
+    "Auto", "Vivian"); None if there is none."""
+    if not isinstance(value, str):
+        return None
+    if value in names:
+        return value
+    matches = [name for name in names if name.lower() == value.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _b64(value: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
@@ -157,12 +169,16 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
     voice = body.get("voice")
     if isinstance(voice, dict):  # OpenAI also accepts {"id": "..."}; one without an id is refused below
         voice = voice.get("id") or voice
-    if voice is not None and (not isinstance(voice, str) or voice not in info.voices):
-        raise APIError(400, f"Unknown voice '{voice}'. GET /v1/audio/voices lists the voices of "
-                            f"'{info.name}'.", "voice")
+    if voice is not None:
+        if (named := _named(voice, info.voices)) is None:
+            raise APIError(400, f"Unknown voice '{voice}'. GET /v1/audio/voices lists the voices of "
+                                f"'{info.name}'.", "voice")
+        voice = named
     language = _field(body, "language", str)
-    if language is not None and info.languages and language not in info.languages and language != "auto":
-        raise APIError(400, f"Unsupported language '{language}' for model '{info.name}'.", "language")
+    if language is not None and info.languages:
+        if (named := _named(language, [*info.languages, "auto"])) is None:
+            raise APIError(400, f"Unsupported language '{language}' for model '{info.name}'.", "language")
+        language = named
     instructions = _field(body, "instructions", str)
     if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
         raise APIError(400, f"'instructions' is longer than {MAX_INSTRUCTIONS_CHARS} characters.",
@@ -179,6 +195,13 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
     ref_pcm, ref_rate = None, None
     if (ref_audio := _field(body, "ref_audio", str)) is not None:
         ref_pcm, ref_rate = decode_ref_audio(ref_audio, policy)
+        if not info.voice_cloning:  # (after its source and contents are checked: those rules hold for every model)
+            raise APIError(400, f"The model '{info.name}' does not support voice cloning, so it cannot speak in the "
+                                "voice of 'ref_audio' (voice cloning needs a Qwen3-TTS Base checkpoint).",
+                           "ref_audio", "voice_cloning_unsupported")
+    ref_text = _field(body, "ref_text", str)
+    if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
+        raise APIError(400, f"'ref_text' is longer than {MAX_REF_TEXT_CHARS} characters.", "ref_text")
     sampling = SamplingParams(
         temperature=_in_range("temperature", _field(body, "temperature", float), 0.0, 2.0),
         top_k=_in_range("top_k", _field(body, "top_k", int), 0, 100000),
@@ -196,7 +219,7 @@ def parse_speech_settings(body: dict, info: ModelInfo, policy: MediaPolicy) -> S
         speed=speed,
         ref_audio=ref_pcm.tobytes() if ref_pcm is not None else None,
         ref_sample_rate=ref_rate,
-        ref_text=_field(body, "ref_text", str),
+        ref_text=ref_text,
         sampling=sampling,
         initial_codec_chunk_frames=_in_range(
             "initial_codec_chunk_frames", _field(body, "initial_codec_chunk_frames", int), 1, 100),

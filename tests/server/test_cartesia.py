@@ -344,6 +344,7 @@ def test_bytes_formats_and_errors(server):
     bad = post(voice={"mode": "id", "id": "nobody"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice.id"
     assert post(transcript="  ").status_code == 400
+    assert post(language="zh", transcript="你好").status_code == 200  # eSpeak's Mandarin is "cmn"
     assert post(add_timestamps=True).json()["error"]["param"] == "add_timestamps"
     assert post(output_format={"container": "mp4"}).status_code == 400
     # a nested field of the wrong type, or unknown, is named by its whole path

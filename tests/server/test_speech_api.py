@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from benchmarks.build_tiny_qwen3 import build
+from streamvox.audio.formats import encode_audio
 from tests.helpers.audio import decode_file, estimate_duration, parse_sse, sse_pcm
 from tests.helpers.server import start_server
 
@@ -145,6 +146,8 @@ async def _wait_for_idle(server, timeout: float = 5.0) -> bool:
     return False
 
 
+_TONE_WAV = encode_audio(0.3 * np.sin(np.arange(12000, dtype=np.float32) / 5), 24000, "wav")
+
 BAD_REQUESTS = [
     # (body, status, param, words expected in the message)
     ({"model": "espeak", "voice": "alloy"}, 400, "input", "input"),
@@ -162,9 +165,21 @@ BAD_REQUESTS = [
     ({"input": "hi", "bogus_field": 1}, 400, "bogus_field", "Unrecognized"),
     ({"input": "hi", "ref_audio": "!!notbase64!!"}, 400, "ref_audio", "base64"),
     ({"input": "hi", "ref_audio": "aGVsbG8gd29ybGQ="}, 400, "ref_audio", "decoded"),
+    ({"input": "hi", "ref_audio": base64.b64encode(_TONE_WAV).decode()}, 400, "ref_audio", "voice cloning"),
+    ({"input": "hi", "ref_text": "x" * 2049}, 400, "ref_text", "longer than 2048"),
     ([1, 2, 3], 400, None, "JSON object"),
     ("not json", 400, None, "not valid JSON"),
 ]
+
+
+def test_voice_and_language_names_match_whatever_their_case(espeak_server):
+    def pcm(voice: str, language: str) -> bytes:
+        response = httpx.post(f"{espeak_server.url}/v1/audio/speech", timeout=60, json={
+            "input": "Case does not matter.", "voice": voice, "language": language, "response_format": "pcm"})
+        assert response.status_code == 200, response.text
+        return response.content
+
+    assert pcm("Alloy", "EN-US") == pcm("alloy", "en-us")
 
 
 def test_bad_requests_get_documented_errors_while_a_good_stream_completes(espeak_server):
@@ -227,6 +242,17 @@ def _speech(server, body: dict) -> tuple[httpx.Response, list[bytes]]:
         assert events[-1]["type"] == "speech.audio.done", events[-1]
         pieces = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
     return response, pieces
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_text_with_nothing_to_say_is_a_short_silence_in_every_format(espeak_server, fmt):
+    """ "..." or an emoji makes no sound: the reply is 0.1 s of silence that decodes (an agent's TTS plugin
+    counts a reply with no audio as an error)."""
+    for text in ("...", "👍"):
+        response, pieces = _speech(espeak_server, {"model": "espeak", "input": text, "response_format": fmt})
+        assert response.status_code == 200
+        audio, rate = _decode(b"".join(pieces), fmt)
+        assert 0.09 <= len(audio) / rate <= 0.1 + CODEC_PADDING_S and np.abs(audio).max() <= 0.01, (text, fmt)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -8,6 +8,12 @@ copy of the engine core's start-up state (`forkserver.py`): every request
 starts from the same state, requests cannot leak into each other, and they
 synthesise in parallel. This runner hands each child its request and text,
 and forwards the audio the children write to the engine core.
+
+A text with nothing to say ("...", an emoji) makes no sound in eSpeak; its
+reply is a short silence, as a pause, so that every reply is audio a client
+can decode (clients' decoders and agents' TTS plugins treat an empty reply
+as an error). An OpenAI voice name with a `language` speaks that language
+with the name's variant ("nova" in "de" is "de+f3").
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import numpy as np
 from streamvox.contract import ModelInfo, OutputSink, RequestError, SpeechRequest
 from streamvox.models.espeak.forkserver import BACKGROUND_RUNNING_PER_CPU, BackgroundSlots, Child, ChildSpec, ForkServer
 from streamvox.models.espeak.library import DEFAULT_WPM, OPENAI_VOICE_ALIASES, EspeakLibrary
+
+_SILENCE_S = 0.1  # the reply to a text with nothing to say
 
 
 class EspeakRunner:
@@ -48,6 +56,7 @@ class EspeakRunner:
         self._forks = ForkServer(self._espeak, ctypes.CDLL(None, use_errno=True).prctl)
         self._forks.ask()  # the first request starts without waiting for a fork
         self._children: dict[str, Child] = {}
+        self._texts: set[str] = set()  # requests whose text has more than whitespace
         self._by_fd: dict[int, str] = {}
         self._poll_interval_s = poll_interval_s
         # Children's audio pipes, registered once (epoll): a step costs O(ready pipes), not O(children).
@@ -64,8 +73,14 @@ class EspeakRunner:
         if voice not in self.info.voices:
             param = "voice" if request.voice else "language"
             raise RequestError(f"Unknown {param} '{voice}' for model '{self.info.name}'.", param=param)
-        spec = ChildSpec(OPENAI_VOICE_ALIASES.get(voice, voice), int(round(DEFAULT_WPM * request.speed)),
-                         request.text, request.text_complete, request.word_timestamps)
+        espeak_voice = OPENAI_VOICE_ALIASES.get(voice, voice)
+        if request.voice in OPENAI_VOICE_ALIASES and request.language in self._languages:
+            variant = espeak_voice.partition("+")[2]
+            espeak_voice = request.language + (f"+{variant}" if variant else "")
+        spec = ChildSpec(espeak_voice, int(round(DEFAULT_WPM * request.speed)), request.text, request.text_complete,
+                         request.word_timestamps)
+        if request.text.strip():
+            self._texts.add(request.request_id)
         child = self._forks.take()
         self._forks.ask()  # the next request starts without waiting for a fork
         child.start(spec)
@@ -77,6 +92,8 @@ class EspeakRunner:
     def feed_text(self, request_id: str, text: str) -> None:
         if (child := self._children.get(request_id)) is not None:
             child.send_text(text)
+            if text.strip():
+                self._texts.add(request_id)
 
     def end_input(self, request_id: str) -> None:
         if (child := self._children.get(request_id)) is not None and child.input_open:
@@ -85,6 +102,7 @@ class EspeakRunner:
                 self._background.add(request_id, child)
 
     def release(self, request_id: str) -> None:
+        self._texts.discard(request_id)
         if (child := self._children.pop(request_id, None)) is not None:
             del self._by_fd[child.audio_fd]
             self._selector.unregister(child.audio_fd)
@@ -143,6 +161,8 @@ class EspeakRunner:
         for words in timings:  # each follows the audio it times (the child writes it after that)
             sink.words(request_id, words)
         if finished is not None:
+            if not child.samples and request_id in self._texts:
+                sink.audio(request_id, np.zeros(round(_SILENCE_S * self.info.sample_rate), np.float32))
             self.release(request_id)
             sink.finished(request_id, "stop", *finished)
         elif eof:

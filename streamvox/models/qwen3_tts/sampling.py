@@ -2,7 +2,8 @@
 
 Order of operations matches the upstream generation loop: repetition penalty, then
 masking (minimum length / suppressed ids), then temperature, top-k and top-p. A
-temperature of 0 (or `do_sample=False`) is greedy. Each row draws from its own
+temperature of 0 (or `do_sample=False`) is greedy, and so is one below
+`MIN_TEMPERATURE`, its limit: scores divided by 1e-38 overflow float32. Each row draws from its own
 `torch.Generator`, so a request's samples do not depend on what else is in the batch.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 MIN_NEW_TOKENS = 2  # upstream forbids end-of-speech for the first two codebook-0 ids
+MIN_TEMPERATURE = 1e-5  # below it a draw is in effect the argmax: such a temperature is greedy
 
 
 def suppressed_codebook0_ids(vocab_size: int, eos: int, ignore_eos: bool, device: torch.device) -> torch.Tensor:

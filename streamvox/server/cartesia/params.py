@@ -31,6 +31,7 @@ DEFAULT_SAMPLE_RATE = 24000
 # ISO 639-1 codes -> the language names Qwen3-TTS uses (a model with the code itself, as eSpeak, keeps it).
 LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean", "de": "german",
                   "fr": "french", "ru": "russian", "pt": "portuguese", "es": "spanish", "it": "italian"}
+ESPEAK_NAMES = {"zh": "cmn"}  # codes whose eSpeak voice has another name (Mandarin)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def model_language(language: str | None, info: ModelInfo) -> str | None:
     base = code.split("-")[0].split("_")[0]
     # The code itself, its language, the language's name; else one of its regions (eSpeak's "en-us", "fr-fr").
     regions = sorted(key for key in by_key if key.startswith(base + "-"))
-    for key in (code, base, LANGUAGE_NAMES.get(base), f"{base}-{base}", f"{base}-us", *regions[:1]):
+    for key in (code, base, LANGUAGE_NAMES.get(base), ESPEAK_NAMES.get(base), f"{base}-{base}", f"{base}-us",
+                *regions[:1]):
         if key in by_key:
             return by_key[key]
     raise APIError(400, f"Unsupported language '{language}' for model '{info.name}'.", "language",

@@ -39,12 +39,11 @@ from streamvox.engine.client import VoiceSample
 from streamvox.engine.events import EngineUnavailable, VoiceRefused
 from streamvox.server.errors import APIError
 from streamvox.server.media_fetch import MAX_REF_AUDIO_BYTES
-from streamvox.server.speech_params import decode_audio_file
+from streamvox.server.speech_params import MAX_REF_TEXT_CHARS, decode_audio_file
 
 log = logging.getLogger(__name__)
 
 MAX_VOICES = 256
-MAX_REF_TEXT_CHARS = 2048
 MAX_UPLOAD_BODY_BYTES = MAX_REF_AUDIO_BYTES + 64 * 1024  # the audio file plus the form's other fields
 CONSENT_VALUES = {"true", "1", "yes", "y", "on", "agree", "agreed", "i agree", "affirmed", "i consent", "consent"}
 VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a voice's name is also its directory's

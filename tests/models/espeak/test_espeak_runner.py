@@ -50,12 +50,33 @@ def runner():
 
 
 def test_words_spoken_are_counted_and_text_without_words_is_silent(runner):
-    """Text is spoken clause by clause (`streamvox.text_split`); pieces with no letter or digit are skipped."""
-    sink = _run(runner, ["Hello there, world. How are you? fine", " ... , !"])
+    """Text is spoken clause by clause (`streamvox.text_split`); pieces with no letter or digit are skipped. A
+    text with nothing to say is a short silence (a client can decode it); whitespace alone is no audio."""
+    sink = _run(runner, ["Hello there, world. How are you? fine", " ... , !", "  "])
     assert sink.done["r0"][:2] == ("stop", 7) and sink.done["r0"][2] > 0  # (reason, words, eSpeak buffers)
-    assert sink.done["r1"] == ("stop", 0, 0)
+    assert sink.done["r1"] == ("stop", 0, 0) and sink.done["r2"] == ("stop", 0, 0)
     assert sum(len(part) for part in sink.parts["r0"]) > runner.info.sample_rate // 2
-    assert "r1" not in sink.parts
+    silence = np.concatenate(sink.parts["r1"])
+    assert len(silence) == runner.info.sample_rate // 10 and not silence.any()
+    assert "r2" not in sink.parts
+
+
+def test_an_openai_voice_speaks_the_language_asked_for(runner):
+    """"nova" with language "de" is German in nova's variant (eSpeak's "de+f3"); an eSpeak voice keeps its own."""
+    def audio(**fields) -> np.ndarray:
+        sink = Sink()
+        runner.add(SpeechRequest(request_id="r", text="Guten Morgen, wie geht es dir heute?", **fields))
+        while runner.has_work():
+            runner.step(sink)
+            time.sleep(0.001)
+        return np.concatenate(sink.parts["r"])
+
+    german, plain_german = audio(voice="nova", language="de"), audio(voice="de")
+    assert not np.array_equal(german, audio(voice="nova"))  # German, not nova's English
+    assert not np.array_equal(german, plain_german)  # with nova's variant
+    assert np.array_equal(audio(language="de"), plain_german)  # the language's own voice
+    rp = audio(voice="en-gb-x-rp")
+    assert np.array_equal(audio(voice="en-gb-x-rp", language="de"), rp)  # an eSpeak voice is kept
 
 
 def test_streamed_text_sounds_the_same_as_whole_text(runner):

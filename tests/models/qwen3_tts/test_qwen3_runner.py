@@ -142,6 +142,16 @@ def test_sampling_depends_on_seed_and_is_reproducible(cv_model):
     assert run(1) != run(2)
 
 
+def test_a_temperature_too_small_to_divide_by_is_greedy(cv_model):
+    """Scores divided by 1e-40 overflow float32 (the draw failed, and took the engine with it): a temperature below
+    `MIN_TEMPERATURE` is served as its limit, greedy."""
+    def run(temperature: float) -> list:
+        runner, log, _ = _runner(cv_model)
+        sampling = SamplingParams(temperature=temperature, seed=1, max_new_tokens=8)
+        return run_solo(runner, log, SpeechRequest(request_id="t", text=TEXTS[0], voice="alice", sampling=sampling))
+    assert run(1e-40) == run(1e-6) == run(0.0)
+
+
 def test_word_by_word_text_gives_the_same_codes_as_whole_text(cv_model):
     text = "Hello world,  this is a test of 12 streamed words!\nNew line too."
     greedy = SamplingParams(temperature=0, max_new_tokens=30)

@@ -19,7 +19,7 @@ from streamvox.models.qwen3_tts.model.checkpoint import Qwen3TTSModel
 from streamvox.models.qwen3_tts.model.prompt import VoiceSpec
 from streamvox.models.qwen3_tts.openai_voices import speaker_for
 from streamvox.models.qwen3_tts.runtime.voices import VoiceCloning
-from streamvox.models.qwen3_tts.sampling import SamplerSettings
+from streamvox.models.qwen3_tts.sampling import MIN_TEMPERATURE, SamplerSettings
 from streamvox.models.qwen3_tts.text import IncrementalText
 
 TASK_ALIASES = {
@@ -221,9 +221,9 @@ class Admission:
             raise RequestError("repetition_penalty must be > 0", param="repetition_penalty")
         if max_new < 1:
             raise RequestError("max_new_tokens must be >= 1", param="max_new_tokens")
-        greedy = temperature == 0 or not g.get("do_sample", True)
+        greedy = temperature < MIN_TEMPERATURE or not g.get("do_sample", True)
         talker = SamplerSettings(0.0 if greedy else float(temperature), int(top_k), float(top_p), float(rep))
-        sub_greedy = temperature == 0 or not g.get("subtalker_dosample", True)
+        sub_greedy = temperature < MIN_TEMPERATURE or not g.get("subtalker_dosample", True)
         predictor = SamplerSettings(0.0 if sub_greedy else float(g["subtalker_temperature"]),
                                     int(g["subtalker_top_k"]), float(g["subtalker_top_p"]), 1.0)
         gen, seed = None, 0
