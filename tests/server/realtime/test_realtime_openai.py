@@ -478,15 +478,21 @@ def test_lists_and_objects_where_a_string_belongs_get_field_errors(espeak_server
     asyncio.run(run())
 
 
+async def speaking(client: RealtimeClient, text: str) -> list[dict]:
+    """Start a response that says `text`; its events up to its first audio delta."""
+    await client.send({"type": "response.create", "response": {"instructions": text}})
+    events = []
+    while not events or events[-1]["type"] not in DELTA_TYPES:
+        events.append(await client.recv())
+    return events
+
+
 def test_truncating_the_item_being_spoken_stops_its_response(espeak_server):
     """A barge-in that truncates the running response's item (without cancelling it first) stops the response,
     then truncates what it sent."""
     async def run():
         client = await RealtimeClient.connect(espeak_server)
-        await client.send({"type": "response.create", "response": {"instructions": LONG_TEXT}})
-        events = []
-        while not events or events[-1]["type"] not in DELTA_TYPES:
-            events.append(await client.recv())
+        events = await speaking(client, LONG_TEXT)
         item_id = events[-1]["item_id"]
         await client.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
                            "audio_end_ms": 10})
@@ -511,10 +517,7 @@ def test_a_refused_truncate_of_the_item_being_spoken_leaves_its_response_running
     response runs on to its end."""
     async def run():
         client = await RealtimeClient.connect(espeak_server)
-        await client.send({"type": "response.create", "response": {"instructions": TEXT}})
-        events = []
-        while not events or events[-1]["type"] not in DELTA_TYPES:
-            events.append(await client.recv())
+        events = await speaking(client, TEXT)
         await client.send({"type": "conversation.item.truncate", "item_id": events[-1]["item_id"],
                            "content_index": 0, "audio_end_ms": audio_end_ms})
         events += await client.until("response.done")
@@ -533,10 +536,7 @@ def test_deleting_the_item_being_spoken_leaves_it_deleted(espeak_server):
     gets no conversation.item.done after its conversation.item.deleted."""
     async def run():
         client = await RealtimeClient.connect(espeak_server)
-        await client.send({"type": "response.create", "response": {"instructions": TEXT}})
-        events = []
-        while not events or events[-1]["type"] not in DELTA_TYPES:
-            events.append(await client.recv())
+        events = await speaking(client, TEXT)
         item_id = events[-1]["item_id"]
         await client.send({"type": "conversation.item.delete", "item_id": item_id})
         events += await client.until("response.done")
