@@ -373,7 +373,7 @@ def main() -> None:
     parser.add_argument("--frames-per-word", type=float, default=None,
                         help="cap each reply at this many codec frames a word, end-of-speech ignored (random weights)")
     parser.add_argument("--temperature", type=float, default=None,
-                        help="sent with every request (0: greedy, the GPU fast path); default: the model's own")
+                        help="sent with every request (0: greedy); default: the model's own (sampled)")
     parser.add_argument("--server-args", default="", help="more arguments for the server this starts, one string")
     parser.add_argument("--startup-timeout", type=float, default=120, help="seconds for the server to start")
     args = parser.parse_args()
